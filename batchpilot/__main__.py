@@ -1,0 +1,5 @@
+import sys
+
+from batchpilot.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""The `batchpilot` command: serve, demo-models, demo (and the operator's subcommands)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads
+
+    options = ServerOptions(
+        model_repository=Path(args.model_repository), http_port=args.http_port, grpc_port=args.grpc_port,
+        host=args.host, batching=not args.no_batching,
+        torch_threads=args.torch_threads or default_torch_threads(), max_body_bytes=args.max_body_bytes,
+    )
+    BatchPilotServer(options).run()
+    return 0
+
+
+def _demo_models(args: argparse.Namespace) -> int:
+    from batchpilot.runtime.demo_models import write_demo_repository
+
+    for spec in write_demo_repository(Path(args.directory)):
+        print(f"wrote {Path(args.directory) / spec.name} ({spec.type}, {spec.format})")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from batchpilot.runtime.demo import run_demo
+
+    return run_demo(duration_s=args.duration, concurrency=args.concurrency)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchpilot", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a model repository (KServe v1/v2 REST and gRPC)")
+    serve.add_argument("--model-repository", required=True)
+    serve.add_argument("--http-port", type=int, default=8080)
+    serve.add_argument("--grpc-port", type=int, default=8081)
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--no-batching", action="store_true", help="run every model at batch size 1")
+    serve.add_argument("--torch-threads", type=int, default=0, help="intra-op threads (default: cores - 1)")
+    serve.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    serve.set_defaults(func=_serve)
+
+    demo_models = sub.add_parser("demo-models", help="write the two demo models into DIR as a model repository")
+    demo_models.add_argument("directory")
+    demo_models.set_defaults(func=_demo_models)
+
+    demo = sub.add_parser("demo", help="serve the demo models locally and show what batching does")
+    demo.add_argument("--duration", type=float, default=8.0, help="seconds of load per phase")
+    demo.add_argument("--concurrency", type=int, default=32)
+    demo.set_defaults(func=_demo)
+
+    try:
+        from batchpilot.operator.cli import add_operator_parser
+    except ImportError:  # the operator is an optional part of the package
+        pass
+    else:
+        add_operator_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # kserve parses sys.argv when imported: give it nothing of ours to misread.
+    sys.argv = sys.argv[:1]
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The autotuner's vocabulary and measurements: parameters, batch-latency fit, analytic predictor.
+
+Pure functions and plain accumulators; the policy that uses them lives in `autotuner.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TuningParams:
+    max_batch_size: int
+    max_queue_delay_s: float
+
+
+@dataclass(frozen=True)
+class LatencyFit:
+    """Batch execution time d(n) = a*n + b seconds, fitted on recent batches."""
+
+    a_s: float
+    b_s: float
+
+    def __call__(self, n: float) -> float:
+        return self.a_s * n + self.b_s
+
+
+def fit_batch_latency(sizes: np.ndarray, times: np.ndarray) -> LatencyFit | None:
+    """Least-squares d(n) = a*n + b with a, b >= 0; None without enough batches.
+
+    With a single batch size seen, nothing tells a from b: assume the pessimistic a = d/n, b = 0
+    (no gain from batching), so predictions for larger batches err on the slow side.
+    """
+    if sizes.size < 4:
+        return None
+    n_mean, d_mean = float(sizes.mean()), float(times.mean())
+    var = float(((sizes - n_mean) ** 2).mean())
+    if var < 1e-9:
+        return LatencyFit(d_mean / n_mean, 0.0)
+    a = float(((sizes - n_mean) * (times - d_mean)).mean()) / var
+    if a <= 0:  # size does not matter at all in this range
+        return LatencyFit(0.0, d_mean)
+    b = d_mean - a * n_mean
+    if b < 0:  # keep the line through the mean, pivoting so the intercept stays at 0
+        return LatencyFit(d_mean / n_mean, 0.0)
+    return LatencyFit(a, b)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    p99_s: float
+    floor_s: float  # the window plus one typical batch: no request at this setting does better
+
+
+def predict(params: TuningParams, rate: float, fit: LatencyFit) -> Prediction:
+    """Rough open-loop p99 of a work-conserving batcher at `rate` items/s (inf when unstable).
+
+    While the executor is busy the next batch gathers what arrives during one execution, so the
+    busy-regime batch size solves n = rate * d(n); otherwise a batch gathers its first request's
+    company during the window. A request then waits for its window, the batch ahead, and its own
+    batch; the batch size's spread grows as rate*a (the load on the per-item cost) nears 1.
+    Only used to rank and screen candidates; the controller corrects it with the observed p99.
+    """
+    n_max, delay = params.max_batch_size, params.max_queue_delay_s
+    if rate <= 0:
+        return Prediction(delay + fit(1), delay + fit(1))
+    per_item_load = rate * fit.a_s
+    busy_n = rate * fit.b_s / (1.0 - per_item_load) if per_item_load < 1 else math.inf
+    window = min(delay, (n_max - 1) / rate)
+    n = min(float(n_max), max(busy_n, 1.0 + rate * window))
+    if n >= n_max and rate * fit(n_max) >= n_max:  # full batches cannot keep up
+        return Prediction(math.inf, window + fit(n))
+    spread = 1.0 + 0.7 * min(per_item_load, 0.95) / (1.0 - min(per_item_load, 0.95))
+    full_load = rate * fit(n) / n  # executor utilisation with batches of n
+    queueing = 1.0 / (1.0 - full_load) if n >= n_max and full_load < 1 else 1.0
+    return Prediction(window + 2.0 * fit(n) * spread * queueing, window + fit(n))
+
+
+def delay_ladder(lo_s: float, hi_s: float) -> list[float]:
+    """Delays the tuner steps through: the bounds and the powers of two of 0.5 ms between them."""
+    steps = [lo_s]
+    d = 0.0005
+    while d < hi_s:
+        if d > lo_s:
+            steps.append(d)
+        d *= 2
+    if hi_s > lo_s:
+        steps.append(hi_s)
+    return steps
+
+
+@dataclass
+class Epoch:
+    """What the batcher reported while one setting was in force, counted from `settled_at`
+    (the first moments after a change still show the previous setting's queue)."""
+
+    params: TuningParams
+    start: float
+    settled_at: float
+    slo_s: float
+    latencies: list[float] = field(default_factory=list)
+    over_slo: int = 0
+    items_done: int = 0
+    items_arrived: int = 0
+    accompanied: int = 0  # items that arrived while others were in the server
+    busy_s: float = 0.0
+
+    def add_arrival(self, n_items: int, others_present: bool, now: float) -> None:
+        if now >= self.settled_at:
+            self.items_arrived += n_items
+            self.accompanied += n_items if others_present else 0
+
+    def add_batch(self, size: int, compute_s: float, now: float) -> None:
+        if now >= self.settled_at:
+            self.items_done += size
+            self.busy_s += compute_s
+
+    def add_request(self, latency_s: float, now: float) -> None:
+        if now >= self.settled_at:
+            self.latencies.append(latency_s)
+            self.over_slo += latency_s > self.slo_s
+
+    def violating(self) -> bool:
+        """More than 1% of answers (and at least 3) missed the SLO: the p99 is over it already."""
+        return self.over_slo >= max(3, 0.01 * len(self.latencies) + 1)
+
+    def measure(self, now: float) -> Measurement:
+        duration = max(now - self.settled_at, 1e-9)
+        lat = np.asarray(self.latencies) if self.latencies else np.asarray([math.inf])
+        return Measurement(
+            params=self.params,
+            duration_s=duration,
+            completed=len(self.latencies),
+            items_per_s=self.items_done / duration,
+            arrival_rate=self.items_arrived / duration,
+            company_share=self.accompanied / self.items_arrived if self.items_arrived else 0.0,
+            mean_s=float(lat.mean()),
+            p99_s=float(np.percentile(lat, 99)),
+            utilization=self.busy_s / duration,
+        )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    params: TuningParams
+    duration_s: float
+    completed: int
+    items_per_s: float
+    arrival_rate: float
+    company_share: float
+    mean_s: float
+    p99_s: float
+    utilization: float

@@ -1,0 +1,166 @@
+"""Runs batches through the model, off the event loop, and isolates the requests a model fails on.
+
+Collation differs by model type: CV batches concatenate same-shape tensors along dim 0; NLP batches
+pad token ids to the batch's longest sequence (never beyond it) with an attention mask, and per-token
+outputs are cut back to each request's own length.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from batchpilot.spec.model import ModelSpec
+
+from ..errors import InternalError, ModelFailed, RequestError
+from .request import Outputs, Slice
+
+log = logging.getLogger("batchpilot.executor")
+
+
+@dataclass
+class BatchTimings:
+    input_s: float = 0.0
+    infer_s: float = 0.0
+    output_s: float = 0.0
+    tokens_useful: int = 0
+    tokens_computed: int = 0
+    executions: list[tuple[int, float, float, float]] = field(default_factory=list)  # (size, in, infer, out)
+
+    def add(self, size: int, t_in: float, t_infer: float, t_out: float) -> None:
+        self.executions.append((size, t_in, t_infer, t_out))
+        self.input_s += t_in
+        self.infer_s += t_infer
+        self.output_s += t_out
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+class Executor:
+    """Turns a list of slices into one model call; on failure, bisects so only the culprits fail."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        module: Callable[..., object],
+        device: torch.device,
+        on_out_of_memory: Callable[[int], None] = lambda size: None,
+    ) -> None:
+        self.spec = spec
+        self.module = module
+        self.device = device
+        self.on_out_of_memory = on_out_of_memory
+        self.output_names = [t.name for t in spec.outputs]
+        # Outputs whose first per-item dim is variable follow the sequence: un-pad them per request.
+        self.per_token = {t.name for t in spec.outputs if spec.type == "nlp" and t.shape[:1] == [-1]}
+        self.pin = device.type == "cuda"
+
+    # -- the public entry point, run in the executor thread ------------------------------------------
+    def run(self, slices: list[Slice]) -> tuple[list[Outputs | RequestError], BatchTimings]:
+        timings = BatchTimings()
+        results: list[Outputs | RequestError] = [InternalError("not run")] * len(slices)
+        self._run_isolated(slices, list(range(len(slices))), results, timings)
+        return results, timings
+
+    def _run_isolated(
+        self, slices: list[Slice], index: list[int], results: list, timings: BatchTimings
+    ) -> None:
+        part = [slices[i] for i in index]
+        try:
+            outputs = self._forward(part, timings)
+        except Exception as exc:  # the model raised: find out whose items did it
+            size = sum(s.size for s in part)
+            if is_out_of_memory(exc):
+                # Not the input's fault: lower the ceiling and retry in halves.
+                self.on_out_of_memory(size)
+            if len(part) == 1:
+                log.warning("model %s failed on one request (%d items): %s", self.spec.name, size, exc)
+                results[index[0]] = ModelFailed(f"model {self.spec.name!r} failed on this input: {exc}")
+                return
+            half = len(index) // 2
+            self._run_isolated(slices, index[:half], results, timings)
+            self._run_isolated(slices, index[half:], results, timings)
+            return
+        for i, out in zip(index, outputs):
+            results[i] = out
+
+    # -- one model call ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _forward(self, part: list[Slice], timings: BatchTimings) -> list[Outputs]:
+        t0 = time.perf_counter()
+        args = self._collate(part, timings)
+        t1 = time.perf_counter()
+        raw = self.module(*args)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter()
+        outputs = self._split(part, self._as_arrays(raw, sum(s.size for s in part)))
+        t3 = time.perf_counter()
+        timings.add(sum(s.size for s in part), t1 - t0, t2 - t1, t3 - t2)
+        return outputs
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cpu":
+            return tensor
+        if self.pin:
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _collate(self, part: list[Slice], timings: BatchTimings) -> list[torch.Tensor]:
+        if self.spec.type == "nlp":
+            name = self.spec.inputs[0].name
+            rows = [s.arrays()[name] for s in part]
+            total = sum(r.shape[0] for r in rows)
+            longest = max(r.shape[1] for r in rows)
+            ids = np.full((total, longest), self.spec.sequence.pad_value, dtype=np.int64)
+            mask = np.zeros((total, longest), dtype=np.int64)
+            row = 0
+            for r in rows:
+                ids[row:row + r.shape[0], :r.shape[1]] = r
+                mask[row:row + r.shape[0], :r.shape[1]] = 1
+                row += r.shape[0]
+            timings.tokens_useful += sum(r.size for r in rows)
+            timings.tokens_computed += ids.size
+            return [self._to_device(ids), self._to_device(mask)]
+        arrays = [s.arrays() for s in part]
+        return [
+            self._to_device(arrays[0][t.name] if len(arrays) == 1 else np.concatenate([a[t.name] for a in arrays]))
+            for t in self.spec.inputs
+        ]
+
+    def _as_arrays(self, raw: object, batch: int) -> list[np.ndarray]:
+        if isinstance(raw, torch.Tensor):
+            tensors = [raw]
+        elif isinstance(raw, dict):
+            tensors = [raw[name] for name in self.output_names]
+        else:
+            tensors = list(raw)  # tuple or list, in the order of the spec's outputs
+        if len(tensors) != len(self.output_names):
+            raise InternalError(f"model returned {len(tensors)} outputs, config declares {len(self.output_names)}")
+        arrays = []
+        for name, t in zip(self.output_names, tensors):
+            if t.dim() == 0 or t.shape[0] != batch:
+                raise RuntimeError(f"output {name!r} has shape {list(t.shape)}, expected batch {batch} first")
+            arrays.append(t.detach().cpu().numpy())
+        return arrays
+
+    def _split(self, part: list[Slice], arrays: list[np.ndarray]) -> list[Outputs]:
+        results, row = [], 0
+        for s in part:
+            out = {}
+            for name, a in zip(self.output_names, arrays):
+                piece = a[row:row + s.size]
+                if name in self.per_token:
+                    piece = piece[:, :s.request.length]
+                out[name] = piece
+            results.append(out)
+            row += s.size
+        return results

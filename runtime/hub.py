@@ -1,0 +1,93 @@
+"""The hosted models of one server: lookup, honest readiness, and the validated path into each batcher.
+
+Protocol front-ends (REST, gRPC, KServe's own dataplane) decode the wire format into `RawInput`s plus
+their data, and hand them here; everything from validation on is shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from batchpilot.spec.model import ModelSpec
+
+from .batching.batcher import Batcher
+from .batching.request import Outputs
+from .errors import InvalidRequest, ModelNotFound, RequestError, Unavailable
+from .metrics import RuntimeMetrics
+from .tensors import RawInput, array_from_bytes, array_from_list, check_complete, check_input
+
+#: An input as decoded from the wire: its description and raw bytes or a JSON list.
+Decoded = tuple[RawInput, "bytes | memoryview | list[Any]"]
+
+
+@dataclass
+class HostedModel:
+    name: str
+    spec: ModelSpec | None
+    batcher: Batcher | None
+    error: str | None = None  # why it is not serving, when it is not
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher is not None and self.error is None and not self.batcher.draining
+
+
+@dataclass
+class ModelHub:
+    metrics: RuntimeMetrics
+    models: dict[str, HostedModel] = field(default_factory=dict)
+
+    def add(self, model: HostedModel) -> None:
+        self.models[model.name] = model
+        self.metrics.model_ready.labels(model=model.name).set(1 if model.ready else 0)
+
+    def get(self, name: str) -> HostedModel:
+        model = self.models.get(name)
+        if model is None:
+            raise ModelNotFound(f"model {name!r} is not hosted here (hosted: {', '.join(sorted(self.models))})")
+        return model
+
+    def serving(self, name: str) -> tuple[ModelSpec, Batcher]:
+        model = self.get(name)
+        if not model.ready:
+            raise Unavailable(f"model {name!r} is not ready: {model.error or 'shutting down'}")
+        assert model.spec is not None and model.batcher is not None
+        return model.spec, model.batcher
+
+    @property
+    def ready(self) -> bool:
+        """Server readiness: every model finished loading and at least one serves."""
+        return any(m.ready for m in self.models.values())
+
+    def build_inputs(self, spec: ModelSpec, batcher: Batcher, decoded: Sequence[Decoded]) -> dict[str, np.ndarray]:
+        check_complete(spec, [raw.name for raw, _ in decoded])
+        arrays: dict[str, np.ndarray] = {}
+        for raw, data in decoded:
+            check_input(spec, raw, batcher.max_request_items)
+            arrays[raw.name] = (
+                array_from_list(raw, data) if isinstance(data, list) else array_from_bytes(raw, data)
+            )
+        sizes = {a.shape[0] for a in arrays.values()}
+        if len(sizes) != 1:
+            raise InvalidRequest(f"inputs disagree on the batch dimension: {sorted(sizes)}")
+        return {t.name: arrays[t.name] for t in spec.inputs}
+
+    async def infer(
+        self, name: str, decoded: Sequence[Decoded], *, priority: int = 0, timeout_us: int | None = None
+    ) -> tuple[ModelSpec, Outputs]:
+        spec, batcher = self.serving(name)
+        try:
+            inputs = self.build_inputs(spec, batcher, decoded)
+            future = batcher.submit(inputs, priority=priority, timeout_us=timeout_us)
+        except RequestError as exc:
+            outcome = "rejected" if isinstance(exc, Unavailable) else "invalid"
+            self.metrics.requests.labels(model=name, outcome=outcome).inc()
+            raise
+        return spec, await future
+
+    def mark_failed(self, name: str, error: str) -> None:
+        self.get(name).error = error
+        self.metrics.model_ready.labels(model=name).set(0)

@@ -1,0 +1,188 @@
+"""The REST front-end: a plain ASGI layer in front of KServe's FastAPI app.
+
+Inference, metadata, readiness and Triton's extensions are answered here directly (no FastAPI routing,
+no per-request middleware, no Python lists for binary tensors); every other path falls through to
+KServe's app unchanged (v1 model list, repository extension, /metrics, docs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from ..errors import InternalError, InvalidRequest, PayloadTooLarge, RequestError
+from ..hub import ModelHub
+from . import v1_codec, v2_codec
+from .triton_config import model_config_json
+
+log = logging.getLogger("batchpilot.rest")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SERVER_EXTENSIONS = ["model_configuration", "statistics", "binary_tensor_data", "batching", "model_repository"]
+
+
+def model_metadata(spec) -> dict[str, Any]:
+    def tensors(items):
+        return [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in items]
+
+    return {
+        "name": spec.name, "versions": ["1"], "platform": "pytorch_libtorch",
+        "inputs": tensors(spec.inputs), "outputs": tensors(spec.outputs),
+    }
+
+
+class RestFrontend:
+    def __init__(self, hub: ModelHub, fallback: ASGIApp, *, max_body_bytes: int, version: str) -> None:
+        self.hub = hub
+        self.fallback = fallback
+        self.max_body_bytes = max_body_bytes
+        self.version = version
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.fallback(scope, receive, send)
+        handler = self._route(scope["method"], scope["path"])
+        if handler is None:
+            return await self.fallback(scope, receive, send)
+        try:
+            status, body, headers = await handler(scope, receive)
+        except RequestError as exc:
+            status, headers = exc.status, {"content-type": "application/json", **exc.headers()}
+            body = orjson.dumps({"error": exc.message})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug of ours: say so, keep serving
+            log.exception("unhandled error on %s", scope["path"])
+            status, headers = 500, {"content-type": "application/json"}
+            body = orjson.dumps({"error": f"internal error: {type(exc).__name__}"})
+        raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
+        raw_headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": body})
+
+    # -- routing ----------------------------------------------------------------------------------------
+    def _route(self, method: str, path: str) -> Callable[[Scope, Receive], Awaitable[tuple[int, bytes, dict]]] | None:
+        parts = path.strip("/").split("/")
+        if method == "POST" and len(parts) == 3 and parts[0] == "v1" and parts[1] == "models":
+            model, _, verb = parts[2].partition(":")
+            if verb == "predict":
+                return lambda scope, receive: self._v1_predict(model, scope, receive)
+            return None
+        if not parts or parts[0] != "v2":
+            return self._ready if method == "GET" and path == "/batchpilot/ready" else None
+        if method == "GET" and len(parts) == 1:
+            return self._server_metadata
+        if method == "GET" and parts[1:] == ["health", "ready"]:
+            return self._ready
+        if len(parts) < 3 or parts[1] != "models":
+            return None
+        if method == "GET" and parts[2] == "stats" and len(parts) == 3:
+            return lambda scope, receive: self._stats(None)
+        model, rest = parts[2], parts[3:]
+        if len(rest) >= 2 and rest[0] == "versions":
+            rest = rest[2:]  # one version per model: accept any version segment
+        if method == "POST" and rest == ["infer"]:
+            return lambda scope, receive: self._v2_infer(model, scope, receive)
+        if method != "GET":
+            return None
+        views = {
+            (): lambda: model_metadata(self._spec(model)),
+            ("ready",): lambda: self._model_ready(model),
+            ("config",): lambda: self._config(model),
+            ("stats",): lambda: self._stats_doc(model),
+            ("batching",): lambda: self._batching(model),
+        }
+        view = views.get(tuple(rest))
+        return None if view is None else (lambda scope, receive: self._json(view()))
+
+    # -- views --------------------------------------------------------------------------------------------
+    async def _json(self, doc: Any, status: int = 200) -> tuple[int, bytes, dict]:
+        if isinstance(doc, tuple):
+            status, doc = doc
+        return status, orjson.dumps(doc), {"content-type": "application/json"}
+
+    def _spec(self, name: str):
+        model = self.hub.get(name)
+        if model.spec is None:
+            raise InvalidRequest(f"model {name!r} has no valid configuration: {model.error}")
+        return model.spec
+
+    def _model_ready(self, name: str) -> tuple[int, dict]:
+        model = self.hub.get(name)
+        doc = {"name": name, "ready": model.ready}
+        if model.error:
+            doc["error"] = model.error
+        return (200 if model.ready else 503), doc
+
+    async def _ready(self, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+        models = {name: m.ready for name, m in self.hub.models.items()}
+        return await self._json((200 if self.hub.ready else 503, {"ready": self.hub.ready, "models": models}))
+
+    async def _server_metadata(self, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+        return await self._json({"name": "batchpilot", "version": self.version, "extensions": SERVER_EXTENSIONS})
+
+    def _config(self, name: str) -> dict[str, Any]:
+        _, batcher = self.hub.serving(name)
+        return model_config_json(batcher.spec, batcher.max_request_items, round(batcher.params.max_queue_delay_s * 1e6))
+
+    def _stats_doc(self, name: str) -> dict[str, Any]:
+        _, batcher = self.hub.serving(name)
+        return {"model_stats": [batcher.stats.to_json(name)]}
+
+    async def _stats(self, name: str | None) -> tuple[int, bytes, dict]:
+        stats = [m.batcher.stats.to_json(n) for n, m in self.hub.models.items() if m.batcher is not None]
+        return await self._json({"model_stats": stats})
+
+    def _batching(self, name: str) -> dict[str, Any]:
+        _, batcher = self.hub.serving(name)
+        return batcher.batching_state()
+
+    # -- inference ------------------------------------------------------------------------------------------
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                raise PayloadTooLarge(f"request body of {int(value)} bytes exceeds the limit of {self.max_body_bytes}")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise asyncio.CancelledError
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _v2_infer(self, model: str, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+        body = await self._body(scope, receive)
+        header_length = None
+        for key, value in scope["headers"]:
+            if key == v2_codec.BINARY_HEADER.encode():
+                header_length = value.decode("latin-1")
+        request = v2_codec.decode(body, header_length)
+        spec = self._spec(model)
+        v2_codec.select_outputs(spec, request.outputs)  # reject unknown outputs before queueing
+        spec, outputs = await self.hub.infer(
+            model, request.inputs, priority=request.priority, timeout_us=request.timeout_us
+        )
+        body, headers = v2_codec.encode(spec, request, outputs)
+        return 200, body, headers
+
+    async def _v1_predict(self, model: str, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+        body = await self._body(scope, receive)
+        spec = self._spec(model)
+        groups = v1_codec.decode(spec, body)
+        results = await asyncio.gather(*(self.hub.infer(model, g) for g in groups), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result if isinstance(result, RequestError) else InternalError(str(result))
+        return 200, v1_codec.encode(spec, [outputs for _, outputs in results]), {"content-type": "application/json"}

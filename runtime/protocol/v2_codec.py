@@ -1,0 +1,146 @@
+"""Open Inference Protocol v2 over REST: JSON bodies and Triton's binary tensor extension.
+
+Binary tensors are read with `np.frombuffer` straight from the body, never through Python lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from batchpilot.spec.model import ModelSpec
+
+from ..errors import InvalidRequest
+from ..hub import Decoded
+from ..tensors import DATATYPE_OF, NUMPY_DTYPES, RawInput
+
+BINARY_HEADER = "inference-header-content-length"
+
+
+@dataclass
+class V2Request:
+    id: str
+    inputs: list[Decoded]
+    priority: int = 0
+    timeout_us: int | None = None
+    outputs: list[str] | None = None  # None: all outputs
+    binary_outputs: set[str] = field(default_factory=set)
+
+
+def _int_param(params: dict[str, Any], key: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"parameter {key!r} must be an integer")
+    return value
+
+
+def _shape(item: dict[str, Any], name: str) -> tuple[int, ...]:
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise InvalidRequest(f"input {name!r}: 'shape' must be a list of integers")
+    return tuple(shape)
+
+
+def decode(body: bytes, header_length: str | None) -> V2Request:
+    """Parse a v2 infer request body (JSON, or JSON header + binary tensors)."""
+    if header_length is not None:
+        try:
+            json_len = int(header_length)
+        except ValueError:
+            raise InvalidRequest("Inference-Header-Content-Length must be an integer") from None
+        if not 0 < json_len <= len(body):
+            raise InvalidRequest(f"Inference-Header-Content-Length {json_len} outside the body ({len(body)} bytes)")
+        header, blob = body[:json_len], memoryview(body)[json_len:]
+    else:
+        header, blob = body, memoryview(b"")
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    items = doc.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest("'inputs' must be a non-empty list")
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidRequest("'parameters' must be an object")
+    offset = 0
+    inputs: list[Decoded] = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidRequest("each input must be an object with a string 'name'")
+        name = item["name"]
+        datatype = item.get("datatype")
+        if datatype not in NUMPY_DTYPES:
+            raise InvalidRequest(f"input {name!r}: unsupported datatype {datatype!r}")
+        raw = RawInput(name, datatype, _shape(item, name))
+        item_params = item.get("parameters") or {}
+        size = item_params.get("binary_data_size") if isinstance(item_params, dict) else None
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(blob):
+                raise InvalidRequest(f"input {name!r}: binary_data_size {size!r} does not fit the body")
+            inputs.append((raw, blob[offset:offset + size]))
+            offset += size
+        elif "data" in item:
+            inputs.append((raw, item["data"]))
+        else:
+            raise InvalidRequest(f"input {name!r} has neither 'data' nor binary_data_size")
+    if offset != len(blob):
+        raise InvalidRequest(f"{len(blob) - offset} bytes of binary data belong to no input")
+    request = V2Request(
+        id=str(doc.get("id", "")),
+        inputs=inputs,
+        priority=_int_param(params, "priority") or 0,
+        timeout_us=_int_param(params, "timeout"),
+    )
+    binary_all = params.get("binary_data_output") is True
+    wanted = doc.get("outputs")
+    if wanted is not None:
+        if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted):
+            raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
+        request.outputs = [o["name"] for o in wanted]
+        request.binary_outputs = {
+            o["name"] for o in wanted if binary_all or (o.get("parameters") or {}).get("binary_data") is True
+        }
+    elif binary_all:
+        request.binary_outputs = {"*"}
+    return request
+
+
+def select_outputs(spec: ModelSpec, wanted: list[str] | None) -> list[str]:
+    names = [t.name for t in spec.outputs]
+    if wanted is None:
+        return names
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise InvalidRequest(f"unknown output(s) {unknown}; model {spec.name!r} has {names}")
+    return wanted
+
+
+def encode(spec: ModelSpec, request: V2Request, outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    """The response body and its extra headers (binary extension when any output is binary)."""
+    entries, blobs = [], []
+    for name in select_outputs(spec, request.outputs):
+        array = np.ascontiguousarray(outputs[name])
+        entry: dict[str, Any] = {"name": name, "datatype": DATATYPE_OF[array.dtype], "shape": list(array.shape)}
+        if "*" in request.binary_outputs or name in request.binary_outputs:
+            data = array.tobytes()
+            entry["parameters"] = {"binary_data_size": len(data)}
+            blobs.append(data)
+        else:
+            entry["data"] = array.reshape(-1)
+        entries.append(entry)
+    doc = {"model_name": spec.name, "model_version": "1", "id": request.id, "outputs": entries}
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return header + b"".join(blobs), {
+        "content-type": "application/octet-stream",
+        BINARY_HEADER: str(len(header)),
+    }

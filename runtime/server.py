@@ -1,0 +1,192 @@
+"""The BatchPilot runtime: KServe's ModelServer hosting every model of a repository, one batcher each.
+
+REST (KServe's uvicorn server, with the hub's front-end in front of KServe's app) and gRPC (KServe's
+servicer with inference answered by the hub, plus Triton's extension RPCs) share one event loop.
+SIGTERM drains: new requests are refused, every accepted one is answered, then the servers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import kserve
+import torch
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.rest.server import RESTServer
+
+from batchpilot import __version__
+
+from .batching.batcher import Batcher
+from .batching.executor import Executor
+from .gpu import export_gpu_metrics
+from .hub import HostedModel, ModelHub
+from .metrics import RuntimeMetrics
+from .protocol.grpc_frontend import BatchPilotServicer
+from .protocol.rest import RestFrontend
+from .protocol.triton_grpc import triton_extension_handler
+from .repository import ModelEntry, load_repository, specs_from_env
+
+log = logging.getLogger("batchpilot.server")
+GRPC_MAX_MESSAGE = 64 * 1024 * 1024
+
+
+@dataclass
+class ServerOptions:
+    model_repository: Path
+    http_port: int = 8080
+    grpc_port: int = 8081
+    host: str = "0.0.0.0"
+    batching: bool = True
+    torch_threads: int | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    grace_period_s: int = 30
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+class KServeModel(kserve.Model):
+    """KServe's view of a hosted model (readiness and the model registry)."""
+
+    def __init__(self, hosted: HostedModel) -> None:
+        super().__init__(hosted.name)
+        self.hosted = hosted
+        self.ready = hosted.ready
+
+    def load(self) -> bool:
+        self.ready = self.hosted.ready
+        return self.ready
+
+
+def build_hub(entries: list[ModelEntry], device: torch.device, metrics: RuntimeMetrics, batching: bool) -> ModelHub:
+    hub = ModelHub(metrics)
+    for entry in entries:
+        batcher = None
+        if entry.module is not None and entry.spec is not None:
+            batcher = Batcher(entry.spec, Executor(entry.spec, entry.module, device), metrics, batching=batching)
+        hub.add(HostedModel(entry.name, entry.spec, batcher, entry.error))
+    return hub
+
+
+class BatchPilotServer(kserve.ModelServer):
+    def __init__(self, options: ServerOptions, metrics: RuntimeMetrics | None = None) -> None:
+        super().__init__(
+            http_port=options.http_port, grpc_port=options.grpc_port, workers=1, enable_grpc=False,
+            grace_period=options.grace_period_s, enable_latency_logging=False,
+        )
+        self.options = options
+        self.metrics = metrics or RuntimeMetrics()
+        if options.torch_threads:
+            torch.set_num_threads(options.torch_threads)
+        self.device = pick_device()
+        entries = load_repository(options.model_repository, self.device, specs_from_env())
+        self.hub = build_hub(entries, self.device, self.metrics, options.batching)
+        for hosted in self.hub.models.values():
+            self.register_model(KServeModel(hosted))
+        self._grpc: grpc.aio.Server | None = None
+        self._rest: RESTServer | None = None
+        self._stopping = False
+
+    # -- servers ------------------------------------------------------------------------------------
+    def _make_rest(self) -> RESTServer:
+        rest = RESTServer(
+            "kserve.model_server:app", self.dataplane, self.model_repository_extension, self.options.http_port,
+            grace_period=self.options.grace_period_s,
+        )
+        rest.create_application()
+        from kserve.model_server import app as kserve_app
+
+        rest.config.app = RestFrontend(
+            self.hub, kserve_app, max_body_bytes=self.options.max_body_bytes, version=__version__
+        )
+        rest.config.host = self.options.host
+        logging.getLogger("uvicorn.access").disabled = True  # a log line per request costs ~20%
+        rest.config.proxy_headers = False
+        rest.create_application = lambda: None  # done above; serve() must not add routes twice
+        # We own SIGTERM/SIGINT (drain first); uvicorn must not capture them.
+        rest._server.capture_signals = contextlib.nullcontext
+        return rest
+
+    async def _start_grpc(self) -> grpc.aio.Server:
+        server = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+        ])
+        servicer = BatchPilotServicer(self.hub, self.dataplane, self.model_repository_extension)
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        server.add_generic_rpc_handlers((triton_extension_handler(self._triton_config, self._triton_stats),))
+        server.add_insecure_port(f"{self.options.host}:{self.options.grpc_port}")
+        await server.start()
+        return server
+
+    def _triton_config(self, name: str) -> dict:
+        from .protocol.triton_config import model_config_json
+
+        spec, batcher = self.hub.serving(name)
+        return model_config_json(spec, batcher.max_request_items, round(batcher.params.max_queue_delay_s * 1e6))
+
+    def _triton_stats(self, name: str) -> list[dict]:
+        if not name:
+            return [m.batcher.stats.to_json(n) for n, m in self.hub.models.items() if m.batcher is not None]
+        _, batcher = self.hub.serving(name)
+        return [batcher.stats.to_json(name)]
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        for hosted in self.hub.models.values():
+            if hosted.batcher is not None:
+                hosted.batcher.start()
+        self._grpc = await self._start_grpc()
+        self._rest = self._make_rest()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: loop.create_task(self.shutdown(s)))
+        side_tasks = []
+        if self.device.type == "cuda":
+            side_tasks.append(loop.create_task(export_gpu_metrics(self.metrics)))
+        ready = [n for n, m in self.hub.models.items() if m.ready]
+        log.info("serving %s on http :%d, grpc :%d (%s)", ready, self.options.http_port, self.options.grpc_port, self.device)
+        try:
+            await self._rest.start()
+        finally:
+            for task in side_tasks:
+                task.cancel()
+            if self._grpc is not None:
+                await self._grpc.stop(grace=5)
+
+    async def shutdown(self, sig: int | None = None) -> None:
+        """Refuse new work, answer everything accepted, then stop both servers."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("draining on signal %s", sig)
+        batchers = [m.batcher for m in self.hub.models.values() if m.batcher is not None]
+        for m in self.hub.models.values():
+            self.metrics.model_ready.labels(model=m.name).set(0)
+        await asyncio.gather(*(b.drain() for b in batchers))
+        log.info("drained; stopping servers")
+        if self._grpc is not None:
+            await self._grpc.stop(grace=5)
+            self._grpc = None
+        if self._rest is not None:
+            self._rest._server.should_exit = True
+
+    def run(self) -> None:
+        try:
+            import uvloop
+
+            uvloop.run(self.serve())
+        except ImportError:
+            asyncio.run(self.serve())
+
+
+def default_torch_threads() -> int:
+    """Leave one core to the event loop (HTTP parsing, batching) when there are several."""
+    return max(1, (os.cpu_count() or 2) - 1)

@@ -1,0 +1,129 @@
+"""Tensor datatypes and the validation every input passes before it may join a batch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchpilot.spec.model import ModelSpec, TensorSpec
+
+from .errors import InvalidRequest, PayloadTooLarge
+
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8), "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+}
+DATATYPE_OF = {dtype: name for name, dtype in NUMPY_DTYPES.items()}
+
+#: Hard ceiling on elements per input tensor: refused before anything is allocated.
+MAX_ELEMENTS = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RawInput:
+    """An input as the wire describes it, before its data is turned into an array."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+def element_count(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
+    """Validate one input's name, datatype and shape against the model; return its spec."""
+    tensor = next((t for t in spec.inputs if t.name == raw.name), None)
+    if tensor is None:
+        known = ", ".join(t.name for t in spec.inputs)
+        raise InvalidRequest(f"unknown input {raw.name!r}; model {spec.name!r} takes: {known}")
+    if raw.datatype != tensor.datatype:
+        raise InvalidRequest(
+            f"input {raw.name!r}: datatype {raw.datatype!r} does not match the model's {tensor.datatype}"
+        )
+    shape = raw.shape
+    if len(shape) != len(tensor.shape) + 1:
+        want = [-1, *tensor.shape]
+        raise InvalidRequest(f"input {raw.name!r}: shape {list(shape)} does not match {want} (batch dim first)")
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise InvalidRequest(f"input {raw.name!r}: shape {list(shape)} must hold non-negative integers")
+    if shape[0] < 1:
+        raise InvalidRequest(f"input {raw.name!r}: the batch dimension must be at least 1")
+    if shape[0] > max_items:
+        raise InvalidRequest(
+            f"input {raw.name!r}: batch of {shape[0]} items exceeds max_batch_size {max_items}"
+        )
+    for got, want in zip(shape[1:], tensor.shape):
+        if want != -1 and got != want:
+            raise InvalidRequest(
+                f"input {raw.name!r}: shape {list(shape)} does not match {[-1, *tensor.shape]}"
+            )
+        if got == 0:
+            raise InvalidRequest(f"input {raw.name!r}: empty dimension in shape {list(shape)}")
+    if element_count(shape) > MAX_ELEMENTS:
+        raise PayloadTooLarge(f"input {raw.name!r}: {element_count(shape)} elements exceed the limit of {MAX_ELEMENTS}")
+    if spec.type == "nlp" and shape[1] > spec.sequence.max_length:
+        raise InvalidRequest(
+            f"input {raw.name!r}: sequence length {shape[1]} exceeds max_length {spec.sequence.max_length}"
+        )
+    return tensor
+
+
+def check_complete(spec: ModelSpec, names: list[str]) -> None:
+    """Every model input is present exactly once."""
+    if len(set(names)) != len(names):
+        raise InvalidRequest(f"duplicate input names in request: {names}")
+    missing = [t.name for t in spec.inputs if t.name not in names]
+    if missing:
+        raise InvalidRequest(f"missing input(s) {missing} for model {spec.name!r}")
+
+
+def array_from_bytes(raw: RawInput, data: bytes | memoryview) -> np.ndarray:
+    dtype = NUMPY_DTYPES[raw.datatype]
+    expected = element_count(raw.shape) * dtype.itemsize
+    if len(data) != expected:
+        raise InvalidRequest(
+            f"input {raw.name!r}: {len(data)} bytes sent, shape {list(raw.shape)} of {raw.datatype} needs {expected}"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(raw.shape)
+
+
+def array_from_list(raw: RawInput, data: object) -> np.ndarray:
+    """JSON `data` (flat or nested) to an array of the declared shape."""
+    if not isinstance(data, list):
+        raise InvalidRequest(f"input {raw.name!r}: 'data' must be a list")
+    count = element_count(raw.shape)
+    if len(data) > count:
+        raise InvalidRequest(f"input {raw.name!r}: {len(data)} values sent, shape {list(raw.shape)} holds {count}")
+    dtype = NUMPY_DTYPES[raw.datatype]
+    try:
+        if raw.datatype == "BOOL":
+            array = np.asarray(data, dtype=object)
+            if not all(isinstance(v, bool) for v in array.reshape(-1)):
+                raise TypeError("BOOL data must be true/false")
+            array = array.astype(np.bool_)
+        else:
+            array = np.asarray(data)
+            if array.dtype.kind not in "biuf" or (dtype.kind in "iu" and array.dtype.kind == "f"):
+                raise TypeError(f"values of kind {array.dtype} cannot be {raw.datatype}")
+            with np.errstate(over="raise", invalid="raise"):
+                if dtype.kind in "iu":
+                    info = np.iinfo(dtype)
+                    if array.size and (array.min() < info.min or array.max() > info.max):
+                        raise OverflowError(f"values out of range for {raw.datatype}")
+                array = array.astype(dtype)
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
+        raise InvalidRequest(f"input {raw.name!r}: data does not fit {raw.datatype}: {exc}") from None
+    if array.size != count:
+        raise InvalidRequest(
+            f"input {raw.name!r}: {array.size} values sent, shape {list(raw.shape)} needs {count}"
+        )
+    return array.reshape(raw.shape)
+
