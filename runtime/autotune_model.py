@@ -23,6 +23,7 @@ class LatencyFit:
 
     a_s: float
     b_s: float
+    one_size: bool = False  # fitted on a single batch size: a pessimistic guess, not a fit
 
     def __call__(self, n: float) -> float:
         return self.a_s * n + self.b_s
@@ -39,7 +40,7 @@ def fit_batch_latency(sizes: np.ndarray, times: np.ndarray) -> LatencyFit | None
     n_mean, d_mean = float(sizes.mean()), float(times.mean())
     var = float(((sizes - n_mean) ** 2).mean())
     if var < 1e-9:
-        return LatencyFit(d_mean / n_mean, 0.0)
+        return LatencyFit(d_mean / n_mean, 0.0, one_size=True)
     a = float(((sizes - n_mean) * (times - d_mean)).mean()) / var
     if a <= 0:  # size does not matter at all in this range
         return LatencyFit(0.0, d_mean)
@@ -52,7 +53,7 @@ def fit_batch_latency(sizes: np.ndarray, times: np.ndarray) -> LatencyFit | None
 @dataclass(frozen=True)
 class Prediction:
     p99_s: float
-    floor_s: float  # the window plus one typical batch: no request at this setting does better
+    floor_s: float  # the window plus one typical batch, without queueing or spread: the best case
 
 
 def predict(params: TuningParams, rate: float, fit: LatencyFit) -> Prediction:
@@ -94,19 +95,22 @@ def delay_ladder(lo_s: float, hi_s: float) -> list[float]:
 
 @dataclass
 class Epoch:
-    """What the batcher reported while one setting was in force, counted from `settled_at`
-    (the first moments after a change still show the previous setting's queue)."""
+    """What the batcher reported while one setting was in force. Latencies count for requests
+    that arrived after `start`; rates count from `settled_at`, once the queue left by the previous
+    setting has drained."""
 
     params: TuningParams
     start: float
     settled_at: float
     slo_s: float
+    backlog_at_settle: int | None = None  # items in the server at `settled_at`
     latencies: list[float] = field(default_factory=list)
     over_slo: int = 0
     items_done: int = 0
     items_arrived: int = 0
     accompanied: int = 0  # items that arrived while others were in the server
     busy_s: float = 0.0
+    largest_batch: int = 0
 
     def add_arrival(self, n_items: int, others_present: bool, now: float) -> None:
         if now >= self.settled_at:
@@ -117,19 +121,29 @@ class Epoch:
         if now >= self.settled_at:
             self.items_done += size
             self.busy_s += compute_s
+            self.largest_batch = max(self.largest_batch, size)
 
     def add_request(self, latency_s: float, now: float) -> None:
-        if now >= self.settled_at:
+        if now - latency_s >= self.start:
             self.latencies.append(latency_s)
             self.over_slo += latency_s > self.slo_s
 
-    def violating(self) -> bool:
-        """More than 1% of answers (and at least 3) missed the SLO: the p99 is over it already."""
-        return self.over_slo >= max(3, 0.01 * len(self.latencies) + 1)
+    def violating(self, in_server: int, now: float) -> bool:
+        """The p99 is over the SLO already: more than 1% of answers (and at least 3) missed it,
+        or the queue grows and holds more than the SLO's worth of work at the current pace."""
+        if self.over_slo >= max(3, 0.01 * len(self.latencies) + 1):
+            return True
+        if self.backlog_at_settle is None or now - self.settled_at < 0.1:
+            return False
+        growth = in_server - self.backlog_at_settle
+        pace = self.items_done / (now - self.settled_at)
+        return growth > max(2 * self.params.max_batch_size, 0.05 * self.items_arrived) and (
+            pace == 0 or in_server / pace > self.slo_s
+        )
 
     def measure(self, now: float) -> Measurement:
         duration = max(now - self.settled_at, 1e-9)
-        lat = np.asarray(self.latencies) if self.latencies else np.asarray([math.inf])
+        lat = np.asarray(self.latencies)
         return Measurement(
             params=self.params,
             duration_s=duration,
@@ -137,9 +151,11 @@ class Epoch:
             items_per_s=self.items_done / duration,
             arrival_rate=self.items_arrived / duration,
             company_share=self.accompanied / self.items_arrived if self.items_arrived else 0.0,
-            mean_s=float(lat.mean()),
-            p99_s=float(np.percentile(lat, 99)),
+            mean_s=float(lat.mean()) if lat.size else math.inf,
+            mean_se=float(lat.std() / math.sqrt(lat.size)) if lat.size > 1 else math.inf,
+            p99_s=float(np.percentile(lat, 99)) if lat.size else math.inf,
             utilization=self.busy_s / duration,
+            largest_batch=self.largest_batch,
         )
 
 
@@ -152,5 +168,7 @@ class Measurement:
     arrival_rate: float
     company_share: float
     mean_s: float
+    mean_se: float  # standard error of mean_s
     p99_s: float
     utilization: float
+    largest_batch: int

@@ -78,6 +78,7 @@ class Autotuner:
         self._settled = False
         self._rejected: set[TuningParams] = set()
         self._momentum: str | None = None  # the kind of the last move that won
+        self._backoff_dir = 0  # +1 / -1: the size was last backed off up / down
         self._inc_meas: Measurement | None = None
         self._ref: Measurement | None = None  # the incumbent's figures when the search settled
         self._pending: Decision | None = None
@@ -126,11 +127,17 @@ class Autotuner:
         if self._pending is not None:
             decision, self._pending = self._pending, None
             return decision
+        self._forget(now)
         epoch = self._epoch_at(now)
+        if epoch.backlog_at_settle is None and now >= epoch.settled_at:
+            epoch.backlog_at_settle = self._in_server
         if (low := self._low_load(epoch, now)) is not None:
             return low
-        if epoch.violating():
-            return self._on_violation(epoch.measure(now), now)
+        if self._feasible and self._hopeless():
+            return self._declare_infeasible(epoch.measure(now), now)
+        if now >= epoch.settled_at + 0.1 and epoch.violating(self._in_server, now):
+            if (backoff := self._on_violation(epoch.measure(now), now)) is not None:
+                return backoff
         if not self._epoch_done(epoch, now):
             return None
         m = epoch.measure(now)
@@ -145,7 +152,7 @@ class Autotuner:
             self._inc_meas = m
             if self._settled and self._moved(m):
                 self._reopen()
-            if (flip := self._verdict(m, now, final=self._settled)) is not None:
+            if (flip := self._verdict(m, now)) is not None:
                 return flip
             if self._settled:
                 self._new_epoch(now)
@@ -154,10 +161,7 @@ class Autotuner:
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """Figures for `GET /v2/models/{m}/batching` over the last `window_s` seconds."""
-        horizon = now - self._window_s
-        for q in (self._answers, self._items):
-            while q and q[0][0] < horizon:
-                q.popleft()
+        self._forget(now)
         span = max(min(self._window_s, now - (self._first_seen if self._first_seen is not None else now)), 1e-9)
         lat = [x for _, x in self._answers]
         fit = self._fit()
@@ -193,26 +197,29 @@ class Autotuner:
             self._rejected.add(self._params)
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial or not self._feasible:
-            return None  # already at the lowest latency found; the search reopens on change
+            return None  # both miss: the trial is judged on p99 at its end; or a lost cause
         safer = self._backoff(m)
         if safer is None:
-            return None  # nothing predicted faster: let the epoch end and the search decide
+            return None  # nothing left to back off to: the search decides at the epoch's end
         self._incumbent, self._inc_meas = safer, None
         self._reopen()
         return self._move(safer, "slo-violation", now, self._figures(m))
 
     def _backoff(self, m: Measurement) -> TuningParams | None:
-        """Multiplicative decrease: drop the delay to its minimum, else halve or double the size."""
+        """Multiplicative decrease of the latency: drop the delay to its minimum; else double the
+        size when the executor is the bottleneck (the queue is what is slow), else halve it (the
+        batches are). Never reverses an earlier backoff before the search has settled again."""
         p = self._params
         if p.max_queue_delay_s > self._lo_d:
             return replace(p, max_queue_delay_s=self._lo_d)
-        fit = self._fit()
-        if fit is None:
+        short_of_capacity = m.utilization >= 0.9 or m.arrival_rate > 1.05 * m.items_per_s
+        direction = 1 if short_of_capacity else -1
+        if direction == -self._backoff_dir:
             return None
-        options = [self._clip(replace(p, max_batch_size=n)) for n in (p.max_batch_size * 2, p.max_batch_size // 2)]
-        best = min(options, key=lambda o: predict(o, m.arrival_rate, fit).p99_s)
-        now_p99 = predict(p, m.arrival_rate, fit).p99_s
-        return best if best != p and predict(best, m.arrival_rate, fit).p99_s < now_p99 else None
+        self._backoff_dir = direction
+        n = p.max_batch_size * 2 if short_of_capacity else p.max_batch_size // 2
+        safer = self._clip(replace(p, max_batch_size=n))
+        return safer if safer != p else None
 
     def _next(self, now: float) -> Decision | None:
         """Start the next trial, or settle on the incumbent when none is left."""
@@ -222,11 +229,11 @@ class Autotuner:
             if 0.5 <= jump <= 2:  # batch size moves at most x2 per change
                 return self._move(cand, kind, now, self._figures(self._inc_meas))
             return self._move(self._incumbent, "revert", now, self._figures(self._inc_meas))
-        self._settled, self._ref = True, self._inc_meas
+        self._settled, self._ref, self._backoff_dir = True, self._inc_meas, 0
         if self._params != self._incumbent:
             return self._move(self._incumbent, "settled", now, self._figures(self._inc_meas))
         self._new_epoch(now)
-        return self._verdict(self._inc_meas, now, final=True)
+        return self._verdict(self._inc_meas, now)
 
     def _candidates(self, m: Measurement) -> list[tuple[str, TuningParams]]:
         """Untried neighbours of the incumbent that the model does not rule out, best bets first."""
@@ -235,15 +242,16 @@ class Autotuner:
         below = [x for x in self._ladder if x < d]
         above = [x for x in self._ladder if x > d]
         moves = [
-            ("explore-up:size", replace(inc, max_batch_size=n * 2)),
             ("explore-down:delay-min", replace(inc, max_queue_delay_s=self._lo_d)),
             ("explore-down:delay", replace(inc, max_queue_delay_s=below[-1] if below else d)),
-            ("explore-down:size", replace(inc, max_batch_size=n // 2)),
         ]
+        # The size limit only matters if batches reach it (up) or exceed half of it (down).
+        if m.largest_batch >= n:
+            moves.insert(0 if m.utilization >= 0.85 else 2, ("explore-up:size", replace(inc, max_batch_size=n * 2)))
+        if m.largest_batch > n // 2:
+            moves.append(("explore-down:size", replace(inc, max_batch_size=n // 2)))
         if above and _company(m.arrival_rate, m.company_share, above[0]) >= EXPLORE_COMPANY:
             moves.append(("explore-up:delay", replace(inc, max_queue_delay_s=above[0])))
-        if m.utilization < 0.85:  # not short of capacity: less waiting is the better bet
-            moves.insert(2, moves.pop(0))
         moves.sort(key=lambda km: km[0] != self._momentum)
         seen = {inc} | self._rejected
         out = []
@@ -255,15 +263,21 @@ class Autotuner:
         return out
 
     def _plausible(self, cand: TuningParams, m: Measurement) -> bool:
-        """False when the model predicts the candidate misses the SLO (only while it is met)."""
+        """False when the model predicts the candidate misses the SLO (only while it is met).
+
+        Its best case (window plus one typical batch) must fit, and with a real fit (several batch
+        sizes seen) it must keep up with the arrival rate. Its p99 prediction, scaled by how far
+        the prediction is off at the incumbent, must fit too where the open-loop model holds: with
+        an executor that has slack (a closed loop at capacity pins the arrival rate to the
+        throughput, where the model sees a queue on the edge of instability)."""
         fit = self._fit()
         if fit is None or not self._feasible:
             return True
         pred = predict(cand, m.arrival_rate, fit)
-        if pred.floor_s > self._slo_s * TRIAL_MARGIN:
+        if pred.floor_s > self._slo_s * TRIAL_MARGIN or not (fit.one_size or math.isfinite(pred.p99_s)):
             return False
         here = predict(self._incumbent, m.arrival_rate, fit).p99_s
-        if not math.isfinite(here):  # the model does not describe this load (closed loop at capacity)
+        if fit.one_size or m.utilization >= 0.8 or not math.isfinite(here):
             return True
         correction = min(max(m.p99_s / here, 0.5), 3.0)
         return pred.p99_s * correction <= self._slo_s
@@ -280,27 +294,35 @@ class Autotuner:
         band = max(0.02, 3.0 / math.sqrt(max(1, min(t.completed, inc.completed))))
         if abs(t.items_per_s - inc.items_per_s) > band * inc.items_per_s:
             return t.items_per_s > inc.items_per_s
-        if abs(t.mean_s - inc.mean_s) > 0.03 * inc.mean_s:
+        if abs(t.mean_s - inc.mean_s) > max(0.03 * inc.mean_s, 3 * math.hypot(t.mean_se, inc.mean_se)):
             return t.mean_s < inc.mean_s
         return t.params.max_queue_delay_s < inc.params.max_queue_delay_s
 
-    def _verdict(self, m: Measurement, now: float, final: bool = False) -> Decision | None:
-        """Flip the SLO verdict: infeasible once a finished search still misses it, feasible again
-        once the incumbent meets it with margin. Also infeasible at once if even one minimal batch
-        alone (no window, no queue) is predicted to take longer than the SLO."""
-        fit = self._fit()
-        hopeless = fit is not None and fit(self._lo_n) > self._slo_s
-        if self._feasible and (hopeless or (final and m.p99_s > self._slo_s)):
-            self._feasible = False
-            if self._params.max_queue_delay_s > self._lo_d:  # nothing waits in vain for a lost cause
-                self._incumbent = replace(self._incumbent, max_queue_delay_s=self._lo_d)
-                self._reopen()
-                return self._move(self._incumbent, "infeasible", now, self._figures(m))
-            return Decision(self._params, "infeasible", self._figures(m), changed=False)
-        if not self._feasible and not hopeless and m.p99_s <= TRIAL_MARGIN * self._slo_s:
+    def _verdict(self, m: Measurement, now: float) -> Decision | None:
+        """Flip the SLO verdict on the incumbent's figures: infeasible when it misses the SLO once
+        the search has settled, feasible again once it meets the SLO with margin."""
+        if self._feasible and self._settled and m.p99_s > self._slo_s:
+            return self._declare_infeasible(m, now)
+        if not self._feasible and not self._hopeless() and m.p99_s <= TRIAL_MARGIN * self._slo_s:
             self._feasible = True
             return Decision(self._params, "feasible", self._figures(m), changed=False)
         return None
+
+    def _hopeless(self) -> bool:
+        """Even one smallest batch alone, without window or queue, takes longer than the SLO."""
+        fit = self._fit()
+        return fit is not None and not fit.one_size and fit(self._lo_n) > self._slo_s
+
+    def _declare_infeasible(self, m: Measurement, now: float) -> Decision:
+        """From here on the search minimises p99; nothing waits in vain for a lost cause."""
+        self._feasible = False
+        if self._params.max_queue_delay_s > self._lo_d:
+            self._incumbent = replace(self._incumbent, max_queue_delay_s=self._lo_d)
+            self._reopen()
+            decision = self._move(self._incumbent, "infeasible", now, self._figures(m))
+            assert decision is not None
+            return decision
+        return Decision(self._params, "infeasible", self._figures(m), changed=False)
 
     def _moved(self, m: Measurement) -> bool:
         """Has the load or the model's speed changed enough since settling to search again?"""
@@ -317,6 +339,12 @@ class Autotuner:
         self._settled, self._ref, self._momentum = False, None, None
 
     # -- helpers ------------------------------------------------------------------------------
+    def _forget(self, now: float) -> None:
+        horizon = now - self._window_s
+        for q in (self._answers, self._items):
+            while q and q[0][0] < horizon:
+                q.popleft()
+
     def _fit(self) -> LatencyFit | None:
         if not self._batches:
             return None
@@ -360,7 +388,6 @@ class Autotuner:
 
     def _epoch_at(self, now: float) -> Epoch:
         if self._epoch is None:
-            self._first_seen = now
             self._new_epoch(now, settle=0.0)
         assert self._epoch is not None
         return self._epoch
@@ -370,6 +397,8 @@ class Autotuner:
             recent = self._inc_meas.p99_s if self._inc_meas and math.isfinite(self._inc_meas.p99_s) else 0.0
             settle = min(max(3 * recent, SETTLE_S[0]), SETTLE_S[1])
         self._epoch = Epoch(self._params, now, now + settle, self._slo_s)
+        if self._first_seen is None:
+            self._first_seen = now
 
     def _epoch_done(self, epoch: Epoch, now: float) -> bool:
         elapsed = now - epoch.settled_at

@@ -78,6 +78,10 @@ def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
 
 def check_complete(spec: ModelSpec, names: list[str]) -> None:
     """Every model input is present exactly once."""
+    known = [t.name for t in spec.inputs]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidRequest(f"unknown input(s) {unknown}; model {spec.name!r} takes {known}")
     if len(set(names)) != len(names):
         raise InvalidRequest(f"duplicate input names in request: {names}")
     missing = [t.name for t in spec.inputs if t.name not in names]
