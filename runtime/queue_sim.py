@@ -15,6 +15,8 @@ stepped every `tick_s`; its decisions change the parameters in force.
 from __future__ import annotations
 
 import heapq
+import math
+import random
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,9 +38,9 @@ class LinearLatency:
     def mean(self, n: int) -> float:
         return self.a_s * n + self.b_s
 
-    def sample(self, n: int, rng: np.random.Generator) -> float:
+    def sample(self, n: int, rng: random.Random) -> float:
         d = self.mean(n)
-        return d * float(np.exp(self.noise * rng.standard_normal())) if self.noise else d
+        return d * math.exp(self.noise * rng.gauss(0.0, 1.0)) if self.noise else d
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class BatcherSim:
         self.tick_s = tick_s
         self.now = 0.0
         self.decisions: list[tuple[float, Decision]] = []
-        self._rng = np.random.default_rng(seed)
+        self._rng = random.Random(seed)  # the stdlib's: several times faster per draw than numpy's
         self._events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, payload)
         self._seq = 0
         self._queue: deque[tuple[float, int]] = deque()  # (arrival time, client or -1)
@@ -133,7 +135,7 @@ class BatcherSim:
         # A Poisson arrival's payload is -1 - generation, so one of a replaced load is dropped.
         rate = self._load.rate_rps if isinstance(self._load, Poisson) else 0.0
         if rate > 0:
-            self._push(self.now + self._rng.exponential(1.0 / rate), _ARRIVAL, -1 - self._generation)
+            self._push(self.now + self._rng.expovariate(rate), _ARRIVAL, -1 - self._generation)
 
     def run_until(self, t_end: float) -> None:
         while self._events and self._events[0][0] <= t_end:
@@ -192,7 +194,7 @@ class BatcherSim:
                 load = self._load
                 if isinstance(load, ClosedLoop) and client < load.clients:
                     self._clients_out.add(client)
-                    think = self._rng.exponential(load.think_s) if load.think_s else 0.0
+                    think = self._rng.expovariate(1.0 / load.think_s) if load.think_s else 0.0
                     self._push(self.now + think, _ARRIVAL, client)
         self._running = []
 

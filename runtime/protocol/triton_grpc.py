@@ -30,6 +30,10 @@ def _check_version(request: pb.ModelConfigRequest | pb.ModelStatisticsRequest) -
     return None
 
 
+def _unknown_version(request: pb.ModelConfigRequest | pb.ModelStatisticsRequest) -> str:
+    return f"model {request.name!r} has no version {request.version}"
+
+
 def model_config_response(config: dict) -> pb.ModelConfigResponse:
     """Triton's config JSON (see triton_config.model_config_json) as a ModelConfigResponse."""
     return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
@@ -62,7 +66,7 @@ def triton_extension_handler(
         except KeyError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
         if request.version and request.version not in versions:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.name!r} has no version {request.version}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, _unknown_version(request))
         return model_config_response(config)
 
     async def model_statistics(
@@ -78,7 +82,7 @@ def triton_extension_handler(
         if request.version:
             stats = [entry for entry in stats if entry.get("version") == request.version]
             if not stats:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.name!r} has no version {request.version}")
+                await context.abort(grpc.StatusCode.NOT_FOUND, _unknown_version(request))
         return model_statistics_response(stats)
 
     def unary(
