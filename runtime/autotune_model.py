@@ -105,6 +105,7 @@ class Epoch:
     slo_s: float
     backlog_at_settle: int | None = None  # items in the server at `settled_at`
     latencies: list[float] = field(default_factory=list)
+    wait_s: float = 0.0  # summed queue waits of those answers
     over_slo: int = 0
     items_done: int = 0
     items_arrived: int = 0
@@ -123,9 +124,10 @@ class Epoch:
             self.busy_s += compute_s
             self.largest_batch = max(self.largest_batch, size)
 
-    def add_request(self, latency_s: float, now: float) -> None:
+    def add_request(self, latency_s: float, queue_wait_s: float, now: float) -> None:
         if now - latency_s >= self.start:
             self.latencies.append(latency_s)
+            self.wait_s += queue_wait_s
             self.over_slo += latency_s > self.slo_s
 
     def violating(self, in_server: int, now: float) -> bool:
@@ -153,6 +155,7 @@ class Epoch:
             company_share=self.accompanied / self.items_arrived if self.items_arrived else 0.0,
             mean_s=float(lat.mean()) if lat.size else math.inf,
             mean_se=float(lat.std() / math.sqrt(lat.size)) if lat.size > 1 else math.inf,
+            mean_wait_s=self.wait_s / lat.size if lat.size else math.inf,
             p99_s=float(np.percentile(lat, 99)) if lat.size else math.inf,
             utilization=self.busy_s / duration,
             largest_batch=self.largest_batch,
@@ -169,6 +172,7 @@ class Measurement:
     company_share: float
     mean_s: float
     mean_se: float  # standard error of mean_s
+    mean_wait_s: float  # of it, waiting in the queue
     p99_s: float
     utilization: float
     largest_batch: int

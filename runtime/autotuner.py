@@ -14,9 +14,10 @@ throughput and less latency are the same thing; under open-loop load every stabl
 the arrival rate, so the latency tie-breakers pick among them.
 A model keeps the search safe and short: d(n) = a*n + b fitted on recent batches and the arrival
 rate predict each candidate's p99; candidates predicted over the SLO are not tried. A p99 over the
-SLO is answered at once (a trial is abandoned; the incumbent backs off: the delay drops to the
-minimum, else the batch size halves or doubles, whichever the model predicts faster). When a delay
-would gather less than one companion for the first request, the delay goes to its minimum. When
+SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is abandoned;
+the incumbent backs off multiplicatively (the delay drops to its minimum, else the batch size
+doubles when the executor is the bottleneck or halves when the batches are). When a delay would
+gather less than one companion for a batch's first request, the delay goes to its minimum. When
 no setting meets the SLO, the search minimises p99 instead and reports the SLO infeasible.
 """
 
@@ -66,10 +67,11 @@ class Autotuner:
 
     def __init__(self, spec: AutotuneSpec, initial: TuningParams, *, window_s: float = 10.0) -> None:
         b = spec.bounds
-        self._lo_n, self._ceiling = b.min_batch_size, b.max_batch_size
-        self._lo_d = b.min_queue_delay_microseconds / 1e6
+        self._lo_n: int = b.min_batch_size
+        self._ceiling: int = b.max_batch_size
+        self._lo_d: float = b.min_queue_delay_microseconds / 1e6
         self._ladder = delay_ladder(self._lo_d, b.max_queue_delay_microseconds / 1e6)
-        self._slo_s = spec.latency_slo_p99_ms / 1000.0
+        self._slo_s: float = spec.latency_slo_p99_ms / 1000.0
         self._window_s = window_s
         self._incumbent = self._clip(initial)
         self._params = self._incumbent
@@ -88,6 +90,7 @@ class Autotuner:
         self._answers: deque[tuple[float, float]] = deque()  # (time, latency) for snapshot()
         self._items: deque[tuple[float, int]] = deque()  # (time, batch size) for snapshot()
         self._first_seen: float | None = None
+        self._epoch_count = 0
 
     # -- what the batcher reports ------------------------------------------------------------
     def record_arrival(self, n_items: int, now: float) -> None:
@@ -104,8 +107,12 @@ class Autotuner:
 
     def record_request(self, latency_s: float, queue_wait_s: float, now: float) -> None:
         """A request was answered `latency_s` after it arrived (`queue_wait_s` of it queued)."""
-        self._epoch_at(now).add_request(latency_s, now)
+        self._epoch_at(now).add_request(latency_s, queue_wait_s, now)
         self._answers.append((now, latency_s))
+
+    def record_drop(self, n_items: int, now: float) -> None:
+        """Admitted items left without being executed (queue timeout, cancel, failed batch)."""
+        self._in_server = max(0, self._in_server - n_items)
 
     # -- control ------------------------------------------------------------------------------
     @property
@@ -113,9 +120,9 @@ class Autotuner:
         return self._params
 
     def lower_ceiling(self, max_batch_size: int, now: float) -> None:
-        """Never use batches larger than `max_batch_size` again (e.g. it ran out of memory).
-
-        The parameters change at once; the next `step` returns the Decision (reason "ceiling")."""
+        """Never use batches larger than `max_batch_size` (not below the bounds' minimum) again, e.g.
+        after running out of memory. `params` changes at once, so the batcher can apply it right
+        away; the next `step` returns the Decision (reason "ceiling") for the log."""
         self._ceiling = max(self._lo_n, min(self._ceiling, max_batch_size))
         if self._params.max_batch_size > self._ceiling or self._incumbent.max_batch_size > self._ceiling:
             self._incumbent = self._clip(self._incumbent)
@@ -135,9 +142,9 @@ class Autotuner:
             return low
         if self._feasible and self._hopeless():
             return self._declare_infeasible(epoch.measure(now), now)
-        if now >= epoch.settled_at + 0.1 and epoch.violating(self._in_server, now):
-            if (backoff := self._on_violation(epoch.measure(now), now)) is not None:
-                return backoff
+        violating = now >= epoch.settled_at + 0.1 and epoch.violating(self._in_server, now)
+        if violating and (backoff := self._on_violation(epoch.measure(now), now)) is not None:
+            return backoff
         if not self._epoch_done(epoch, now):
             return None
         m = epoch.measure(now)
@@ -173,7 +180,7 @@ class Autotuner:
             "throughput_rps": round(len(lat) / span, 2),
             "items_per_s": round(sum(n for _, n in self._items) / span, 2),
             "changes": self._changes,
-            "state": "settled" if self._settled else "warmup" if self._inc_meas is None else "exploring",
+            "state": "settled" if self._settled else "warmup" if self._epoch_count <= 1 else "exploring",
         }
 
     # -- policy -------------------------------------------------------------------------------
@@ -212,23 +219,28 @@ class Autotuner:
         p = self._params
         if p.max_queue_delay_s > self._lo_d:
             return replace(p, max_queue_delay_s=self._lo_d)
-        short_of_capacity = m.utilization >= 0.9 or m.arrival_rate > 1.05 * m.items_per_s
+        queued_s = m.mean_wait_s
+        short_of_capacity = (
+            m.utilization >= 0.9 or m.arrival_rate > 1.05 * m.items_per_s or queued_s > 2 * (m.mean_s - queued_s)
+        )
         direction = 1 if short_of_capacity else -1
-        if direction == -self._backoff_dir:
-            return None
-        self._backoff_dir = direction
         n = p.max_batch_size * 2 if short_of_capacity else p.max_batch_size // 2
         safer = self._clip(replace(p, max_batch_size=n))
-        return safer if safer != p else None
+        if safer == p or direction == -self._backoff_dir:
+            return None
+        self._backoff_dir = direction
+        return safer
 
     def _next(self, now: float) -> Decision | None:
         """Start the next trial, or settle on the incumbent when none is left."""
         assert self._inc_meas is not None
-        for kind, cand in self._candidates(self._inc_meas):
+        candidates = self._candidates(self._inc_meas)
+        if candidates:
+            kind, cand = candidates[0]
             jump = cand.max_batch_size / self._params.max_batch_size
-            if 0.5 <= jump <= 2:  # batch size moves at most x2 per change
-                return self._move(cand, kind, now, self._figures(self._inc_meas))
-            return self._move(self._incumbent, "revert", now, self._figures(self._inc_meas))
+            if not 0.5 <= jump <= 2:  # the batch size moves at most x2 per change: via the incumbent
+                kind, cand = "revert", self._incumbent
+            return self._move(cand, kind, now, self._figures(self._inc_meas))
         self._settled, self._ref, self._backoff_dir = True, self._inc_meas, 0
         if self._params != self._incumbent:
             return self._move(self._incumbent, "settled", now, self._figures(self._inc_meas))
@@ -378,6 +390,7 @@ class Autotuner:
         return {
             "p99_ms": round(m.p99_s * 1e3, 3) if math.isfinite(m.p99_s) else None,
             "mean_ms": round(m.mean_s * 1e3, 3) if math.isfinite(m.mean_s) else None,
+            "queue_wait_ms": round(m.mean_wait_s * 1e3, 3) if math.isfinite(m.mean_wait_s) else None,
             "slo_ms": self._slo_s * 1e3,
             "items_per_s": round(m.items_per_s, 2),
             "arrival_rate": round(m.arrival_rate, 2),
@@ -397,6 +410,7 @@ class Autotuner:
             recent = self._inc_meas.p99_s if self._inc_meas and math.isfinite(self._inc_meas.p99_s) else 0.0
             settle = min(max(3 * recent, SETTLE_S[0]), SETTLE_S[1])
         self._epoch = Epoch(self._params, now, now + settle, self._slo_s)
+        self._epoch_count += 1
         if self._first_seen is None:
             self._first_seen = now
 

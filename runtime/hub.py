@@ -32,7 +32,8 @@ class HostedModel:
 
     @property
     def ready(self) -> bool:
-        return self.batcher is not None and self.error is None and not self.batcher.draining
+        b = self.batcher
+        return b is not None and self.error is None and not b.draining and not b.hung
 
 
 @dataclass

@@ -73,7 +73,9 @@ class WindowStats:
 
 
 class BatcherSim:
-    """Simulated batcher. Call `run_until(t)` repeatedly; change `load` or `latency` in between."""
+    """Simulated batcher. Call `run_until(t)` repeatedly; change `load` or `latency` in between.
+
+    `params` is the static setting; with a `tuner`, the tuner's parameters are in force instead."""
 
     def __init__(
         self,
@@ -94,9 +96,10 @@ class BatcherSim:
         self._rng = random.Random(seed)  # the stdlib's: several times faster per draw than numpy's
         self._events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, payload)
         self._seq = 0
-        self._queue: deque[tuple[float, int]] = deque()  # (arrival time, client or -1)
+        self._queue: deque[tuple[float, int]] = deque()  # (arrival time, client id; negative: open-loop)
         self._busy = False
         self._running: list[tuple[float, int]] = []
+        self._compute_s = 0.0
         self._timer_at: float | None = None
         self._generation = 0  # stale Poisson arrivals of an earlier load are dropped
         self._clients_out: set[int] = set()  # closed-loop clients with a request in the server

@@ -47,6 +47,7 @@ class ServerOptions:
     torch_threads: int | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     grace_period_s: int = 30
+    hang_timeout_s: float = 60.0
 
 
 def pick_device() -> torch.device:
@@ -66,12 +67,13 @@ class KServeModel(kserve.Model):
         return self.ready
 
 
-def build_hub(entries: list[ModelEntry], device: torch.device, metrics: RuntimeMetrics, batching: bool) -> ModelHub:
+def build_hub(entries: list[ModelEntry], device: torch.device, metrics: RuntimeMetrics, options: ServerOptions) -> ModelHub:
     hub = ModelHub(metrics)
     for entry in entries:
         batcher = None
         if entry.module is not None and entry.spec is not None:
-            batcher = Batcher(entry.spec, Executor(entry.spec, entry.module, device), metrics, batching=batching)
+            executor = Executor(entry.spec, entry.module, device)
+            batcher = Batcher(entry.spec, executor, metrics, batching=options.batching, hang_timeout_s=options.hang_timeout_s)
         hub.add(HostedModel(entry.name, entry.spec, batcher, entry.error))
     return hub
 
@@ -88,7 +90,7 @@ class BatchPilotServer(kserve.ModelServer):
             torch.set_num_threads(options.torch_threads)
         self.device = pick_device()
         entries = load_repository(options.model_repository, self.device, specs_from_env())
-        self.hub = build_hub(entries, self.device, self.metrics, options.batching)
+        self.hub = build_hub(entries, self.device, self.metrics, options)
         for hosted in self.hub.models.values():
             self.register_model(KServeModel(hosted))
         self._grpc: grpc.aio.Server | None = None

@@ -223,3 +223,69 @@ async def test_drain_answers_everything_accepted_then_refuses() -> None:
     assert all(f.done() and not f.exception() for f in futures)
     with pytest.raises(Unavailable):
         batcher.submit(vec(9))
+
+
+class Hangs(torch.nn.Module):
+    """Blocks until released: a model that hangs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.release = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.release.wait(10)
+        return x
+
+
+async def test_watchdog_fails_a_hung_batch_and_marks_the_model_unready() -> None:
+    module = Hangs()
+    spec = cv_spec(max_batch_size=2, max_queue_delay_microseconds=0)
+    batcher = Batcher(spec, Executor(spec, module, torch.device("cpu")), RuntimeMetrics(CollectorRegistry()),
+                      hang_timeout_s=0.2)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    running = batcher.submit(vec(1))
+    await asyncio.sleep(0.05)
+    queued = batcher.submit(vec(2))
+    for future in (running, queued):
+        with pytest.raises(Unavailable, match="hangs"):
+            await future
+    assert loop.time() - start < 1.0  # the event loop stayed responsive
+    assert batcher.hung
+    with pytest.raises(Unavailable):
+        batcher.submit(vec(3))
+    module.release.set()
+    deadline = loop.time() + 5
+    while batcher.hung and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    assert not batcher.hung  # it came back: serving again
+    out = await batcher.submit(vec(4))
+    assert out["y"][0, 0] == 4.0
+
+
+class RunsOutOfMemory(torch.nn.Module):
+    """Raises CUDA's out-of-memory error (simulated on the CPU) for batches above 4 items."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batches.append(x.shape[0])
+        if x.shape[0] > 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return x * 2
+
+
+async def test_out_of_memory_splits_the_batch_and_lowers_the_ceiling() -> None:
+    module = RunsOutOfMemory()
+    batcher = make(cv_spec(max_batch_size=8, max_queue_delay_microseconds=50_000), module)
+    outs = await asyncio.gather(*(batcher.submit(vec(i)) for i in range(8)))
+    assert [float(o["y"][0, 0]) for o in outs] == [2.0 * i for i in range(8)]  # nobody failed
+    assert module.batches[0] == 8 and all(b <= 4 for b in module.batches[1:])
+    await asyncio.sleep(0)  # the ceiling is set from the executor thread via the loop
+    assert batcher.params.max_batch_size == 4
+    await asyncio.gather(*(batcher.submit(vec(i)) for i in range(8)))
+    assert max(module.batches[-2:]) <= 4  # later batches respect the ceiling

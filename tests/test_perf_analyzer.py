@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from batchpilot.perfa import find_perf_analyzer, run_perf_analyzer
-from batchpilot.runtime.demo_models import VOCAB_SIZE
+from batchpilot.runtime.demo import perf_analyzer_token_data
 
 pytestmark = pytest.mark.skipif(
     find_perf_analyzer() is None, reason="perf_analyzer not installed (make setup runs tools/install-perf-analyzer.sh)"
@@ -19,23 +17,11 @@ pytestmark = pytest.mark.skipif(
 QUICK = ["--measurement-mode", "count_windows", "--measurement-request-count", "60", "-s", "60", "--max-trials", "6"]
 
 
-def token_data(path: Path, count: int = 16) -> Path:
-    """perf_analyzer input data with variable-length token sequences (its random INT64 data would
-    hold ids outside the vocabulary, which the model rightly refuses)."""
-    rng = np.random.default_rng(3)
-    entries = []
-    for _ in range(count):
-        length = int(rng.integers(8, 64))
-        entries.append({"input_ids": {"content": rng.integers(1, VOCAB_SIZE, length).tolist(), "shape": [length]}})
-    path.write_text(json.dumps({"data": entries}))
-    return path
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("model", ["resnet-mini", "textcls"])
 def test_perf_analyzer_runs_clean(server, tmp_path: Path, model: str, protocol: str) -> None:
     port = server[0] if protocol == "http" else server[1]
-    data = ["--input-data", str(token_data(tmp_path / "tokens.json"))] if model == "textcls" else []
+    data = ["--input-data", str(perf_analyzer_token_data(tmp_path / "tokens.json"))] if model == "textcls" else []
     rows = run_perf_analyzer(
         model, f"127.0.0.1:{port}", protocol, concurrency_range="2:8:6", extra_args=[*data, *QUICK], timeout=240
     )

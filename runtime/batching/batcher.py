@@ -20,7 +20,7 @@ import numpy as np
 from batchpilot.spec.model import ModelSpec
 
 from ..autotuner import Autotuner, Decision, TuningParams
-from ..errors import DeadlineExceeded, InvalidRequest, RequestError, Unavailable
+from ..errors import DeadlineExceeded, InternalError, InvalidRequest, RequestError, Unavailable
 from ..metrics import RuntimeMetrics
 from ..stats import ModelStats
 from .executor import BatchTimings, Executor
@@ -36,7 +36,8 @@ NS = 1e9
 
 class Batcher:
     def __init__(
-        self, spec: ModelSpec, executor: Executor, metrics: RuntimeMetrics, *, batching: bool = True
+        self, spec: ModelSpec, executor: Executor, metrics: RuntimeMetrics, *, batching: bool = True,
+        hang_timeout_s: float = 60.0,
     ) -> None:
         self.spec = spec
         self.executor = executor
@@ -64,6 +65,9 @@ class Batcher:
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self._compute_ewma_s = 0.0
+        # Watchdog: a batch running longer than this means the model hangs (a thread can't be killed).
+        self.hang_timeout_s = hang_timeout_s
+        self.hung = False
         self._m = {name: metric.labels(model=spec.name) for name, metric in self._labelled_metrics().items()}
         self._publish_params()
         self._m["slo"].set(spec.autotune.latency_slo_p99_ms / 1e3)
@@ -132,6 +136,8 @@ class Batcher:
             self.start()
         if self._draining:
             raise Unavailable(f"model {self.spec.name!r} is shutting down")
+        if self.hung:
+            raise Unavailable(f"model {self.spec.name!r} is unavailable: its last batch hangs", retry_after_s=5.0)
         policy = self.spec.batching.default_queue_policy
         if policy.max_queue_size and len(self.queue) >= policy.max_queue_size:
             raise Unavailable(
@@ -186,6 +192,7 @@ class Batcher:
                 self.queue.move(request, self.queue.delayed_level)
             return
         request.expired = True
+        self._dropped(request)
         if request.waiting:
             if request.taken:
                 self.queue.consume(request, request.waiting)
@@ -253,11 +260,20 @@ class Batcher:
         for s in slices:
             if s.request.dispatched_at is None:
                 s.request.dispatched_at = start
+        running = self._loop.run_in_executor(self._thread, self.executor.run, slices)
         try:
-            results, timings = await self._loop.run_in_executor(self._thread, self.executor.run, slices)
+            try:
+                results, timings = await asyncio.wait_for(asyncio.shield(running), self.hang_timeout_s)
+            except asyncio.TimeoutError:
+                self._on_hang(slices)
+                results, timings = await running  # the thread is stuck until the model returns
+                log.warning("model %s returned after hanging; serving again", self.spec.name)
+                self.hung = False
+                self.metrics.model_ready.labels(model=self.spec.name).set(1)
+                return
         except Exception as exc:  # a bug in collation, not the model: fail the batch, keep serving
             log.exception("batch of model %s failed outside the model", self.spec.name)
-            results, timings = [RequestError(f"internal error: {exc}")] * len(slices), BatchTimings()
+            results, timings = [InternalError(f"internal error: {type(exc).__name__}")] * len(slices), BatchTimings()
         finally:
             self._busy = False
             self._poke()
@@ -274,6 +290,24 @@ class Batcher:
                 request.add_part(s.start, result)
                 if request.future.done():
                     self._finish(request, now, "success", timings)
+
+    def _on_hang(self, slices: list[Slice]) -> None:
+        """Fail the hung batch and everything queued behind it; refuse new work until the model returns."""
+        self.hung = True
+        self.metrics.model_ready.labels(model=self.spec.name).set(0)
+        log.error("model %s: batch of %d items still running after %.1f s; marking it unavailable",
+                  self.spec.name, sum(s.size for s in slices), self.hang_timeout_s)
+        error = Unavailable(f"model {self.spec.name!r} hangs: batch still running after {self.hang_timeout_s:.1f} s",
+                            retry_after_s=5.0)
+        stuck = {s.request for s in slices} | set(self.queue)
+        for request in list(self.queue):
+            self.queue.remove(request)
+        for request in stuck:
+            if not request.future.done():
+                self._dropped(request)
+                request.fail(error)
+                self._count_outcome(request, "error")
+        self._m["depth"].set(0)
 
     def _account_batch(self, slices: list[Slice], timings: BatchTimings) -> None:
         for size, t_in, t_infer, t_out in timings.executions:
@@ -308,6 +342,11 @@ class Batcher:
             self.stats.record_failure(int(total * NS))
         self._count_outcome(request, outcome)
 
+    def _dropped(self, request: Pending) -> None:
+        """An admitted request leaves without an answer: the autotuner must stop counting it as in flight."""
+        if self.autotuner is not None:
+            self.autotuner.record_drop(request.n - request.finished, time.monotonic())
+
     def _count_outcome(self, request: Pending, outcome: str) -> None:
         self.metrics.requests.labels(model=self.spec.name, outcome=outcome).inc()
 
@@ -325,7 +364,8 @@ class Batcher:
     def _apply(self, decision: Decision) -> None:
         old = self._params
         self.set_params(decision.params)
-        self._m["changes"].inc()
+        if decision.changed:
+            self._m["changes"].inc()
         log.info(json.dumps({
             "event": "autotune", "model": self.spec.name, "reason": decision.reason,
             "max_batch_size": [old.max_batch_size, decision.params.max_batch_size],

@@ -12,7 +12,9 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 
 from ..errors import InvalidRequest, RequestError
@@ -54,6 +56,51 @@ def decode(request: pb.ModelInferRequest) -> list[Decoded]:
             raise InvalidRequest(f"input {tensor.name!r}: datatype {tensor.datatype!r} needs raw_input_contents")
         decoded.append((raw, list(getattr(tensor.contents, field))))
     return decoded
+
+
+class _Undecodable:
+    """Stands in for request bytes that are not a valid message of the method's type."""
+
+
+def _tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """The handler, answering undecodable bytes with INVALID_ARGUMENT. Left to itself grpc answers UNKNOWN
+    and logs a traceback per message, which lets any client fill the logs and looks like a server fault."""
+    parse, behaviour = handler.request_deserializer, handler.unary_unary
+    if parse is None or behaviour is None:
+        return handler
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError:
+            return _Undecodable()
+
+    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request is not a valid protobuf message")
+        return await behaviour(request, context)
+
+    return handler._replace(request_deserializer=deserialize, unary_unary=guarded)
+
+
+class _TolerantRegistrar:
+    """What the generated `add_..._to_server` needs of a server, registering tolerant handlers instead."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same methods arrive as a dict just after, through add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        tolerant = {name: _tolerant(h) for name, h in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant),))
+        self.server.add_registered_method_handlers(service, tolerant)
+
+
+def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Like `add_GRPCInferenceServiceServicer_to_server`, with undecodable requests refused as invalid."""
+    grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, _TolerantRegistrar(server))
 
 
 class BatchPilotServicer(InferenceServicer):

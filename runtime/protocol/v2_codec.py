@@ -104,6 +104,8 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
     if wanted is not None:
         if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted):
             raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
+        if not all(isinstance(o.get("parameters") or {}, dict) for o in wanted):
+            raise InvalidRequest("an output's 'parameters' must be an object")
         request.outputs = [o["name"] for o in wanted]
         request.binary_outputs = {
             o["name"] for o in wanted if binary_all or (o.get("parameters") or {}).get("binary_data") is True

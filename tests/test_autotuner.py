@@ -1,0 +1,215 @@
+"""The autotuner driven by the batcher simulator: deterministic, no sleeps, no wall clock."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchpilot.runtime.autotune_model import TuningParams, delay_ladder, fit_batch_latency, predict
+from batchpilot.runtime.autotuner import Autotuner
+from batchpilot.runtime.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
+from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
+
+CPU = LinearLatency(a_s=0.4e-3, b_s=1.2e-3, noise=0.1)  # the demo CNN on one core: 0.4 ms/item + 1.2 ms
+GPU = LinearLatency(a_s=0.05e-3, b_s=4e-3, noise=0.1)  # launch-bound: batching is nearly free
+COLD = TuningParams(8, 0.002)  # the manual recipe's starting point
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+DELAYS_MS = (0, 1, 2, 5, 10)
+
+
+def spec(slo_ms: float = 50.0, **bounds: int) -> AutotuneSpec:
+    return AutotuneSpec(enabled=True, latency_slo_p99_ms=slo_ms, bounds=AutotuneBounds(**bounds))
+
+
+def tuned(latency: LinearLatency, load: Load, until: float, *, slo_ms: float = 50.0,
+          initial: TuningParams = COLD, seed: int = 1) -> tuple[BatcherSim, Autotuner]:
+    tuner = Autotuner(spec(slo_ms), initial)
+    sim = BatcherSim(latency, load, initial, seed=seed, tuner=tuner)
+    sim.run_until(until)
+    return sim, tuner
+
+
+@cache
+def sweep(latency: LinearLatency, load: Load, seed: int = 1) -> dict[TuningParams, tuple[float, float]]:
+    """The oracle: every static setting of the benchmark's grid -> (throughput, p99) over [1, 6) s."""
+    out = {}
+    for n in SIZES:
+        for d_ms in DELAYS_MS:
+            p = TuningParams(n, d_ms / 1000)
+            sim = BatcherSim(latency, load, p, seed=seed)
+            sim.run_until(6.0)
+            s = sim.stats(1.0, 6.0)
+            out[p] = (s.throughput_rps, s.p99_s)
+    return out
+
+
+# -- the simulator ----------------------------------------------------------------------------
+def test_sim_window_starts_at_first_request_and_full_batches_leave_at_once() -> None:
+    exact = LinearLatency(a_s=0.001, b_s=0.002)
+    alone = BatcherSim(exact, ClosedLoop(1), TuningParams(8, 0.005))
+    alone.run_until(1.0)
+    assert np.allclose(alone.latency_s, 0.005 + exact.mean(1))  # waits the whole window, in vain
+    full = BatcherSim(exact, ClosedLoop(4), TuningParams(4, 1.0))
+    full.run_until(1.0)
+    assert set(full.batch_sizes) == {4} and np.allclose(full.latency_s, exact.mean(4))  # never waits
+
+
+def test_sim_forms_the_next_batch_while_one_runs() -> None:
+    # Delay 0: whatever queued during a batch leaves together when it is done, up to the limit:
+    # the first client alone, then 4 of the 5 that queued behind it, then the 5th with the first.
+    sim = BatcherSim(LinearLatency(0.0, 0.01), ClosedLoop(6), TuningParams(4, 0.0))
+    sim.run_until(1.0)
+    assert sim.batch_sizes[:4] == [1, 4, 2, 4] and max(sim.batch_sizes) == 4
+
+
+def test_sim_is_a_pure_function_of_its_inputs() -> None:
+    runs = [tuned(GPU, Poisson(800), 6.0, seed=7)[0] for _ in range(2)]
+    assert runs[0].latency_s == runs[1].latency_s
+    assert [(t, d.params) for t, d in runs[0].decisions] == [(t, d.params) for t, d in runs[1].decisions]
+
+
+# -- the model ------------------------------------------------------------------------------
+def test_fit_recovers_the_latency_model_and_is_pessimistic_on_one_size() -> None:
+    sizes = np.array([1, 2, 4, 8, 16, 32], dtype=float)
+    fit = fit_batch_latency(sizes, 0.0004 * sizes + 0.0012)
+    assert fit is not None and not fit.one_size
+    assert fit.a_s == pytest.approx(0.0004) and fit.b_s == pytest.approx(0.0012)
+    one = fit_batch_latency(np.full(8, 16.0), np.full(8, 0.008))
+    assert one is not None and one.one_size and one(32) == pytest.approx(0.016)  # no batching gain assumed
+    assert fit_batch_latency(sizes[:2], sizes[:2]) is None
+
+
+def test_predictor_sees_instability_and_prices_the_window() -> None:
+    sizes = np.array([1.0, 8.0, 32.0, 64.0])
+    fit = fit_batch_latency(sizes, CPU.a_s * sizes + CPU.b_s)
+    assert fit is not None
+    assert math.isinf(predict(TuningParams(4, 0.0), 1500, fit).p99_s)  # 4 items per 2.8 ms < 1500/s
+    fast, waiting = predict(TuningParams(32, 0.0), 1500, fit), predict(TuningParams(32, 0.010), 1500, fit)
+    assert math.isfinite(fast.p99_s) and waiting.p99_s > fast.p99_s
+
+
+def test_delay_ladder_stays_in_bounds() -> None:
+    assert delay_ladder(0.0, 0.010) == [0.0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.010]
+    assert delay_ladder(0.003, 0.003) == [0.003]
+
+
+# -- the controller ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("latency", "load"),
+    [(CPU, ClosedLoop(64, think_s=0.001)), (GPU, Poisson(3000))],
+    ids=["cpu-64-clients", "gpu-3000-rps"],
+)
+def test_reaches_the_best_static_throughput_within_30s_and_settles(latency: LinearLatency, load: Load) -> None:
+    oracle = sweep(latency, load)
+    best = max(x for x, p99 in oracle.values() if p99 <= 0.050)
+    sim, tuner = tuned(latency, load, 50.0)
+    after = sim.stats(30.0, 50.0)
+    assert after.throughput_rps >= 0.95 * best
+    assert after.p99_s <= 0.050
+    assert sim.changes_between(30.0, 50.0) <= 1  # settled
+    snap = tuner.snapshot(50.0)
+    assert snap["slo_feasible"] and snap["changes"] == sim.changes_between(0.0, 50.0)
+    assert snap["p99_ms"] <= 50 and snap["latency_model"]["a_ms_per_item"] > 0
+
+
+def test_infeasible_slo_is_reported_at_the_lowest_latency_setting() -> None:
+    slow = LinearLatency(a_s=0.4e-3, b_s=30e-3, noise=0.1)  # one item alone takes 30 ms > 20 ms SLO
+    sim, tuner = tuned(slow, Poisson(100), 30.0, slo_ms=20)
+    assert any(d.reason == "infeasible" for _, d in sim.decisions)
+    assert tuner.snapshot(30.0)["slo_feasible"] is False
+    assert tuner.params.max_queue_delay_s == 0.0
+    lowest = min(p99 for _, p99 in sweep(slow, Poisson(100)).values())
+    assert sim.stats(10.0, 30.0).p99_s <= 1.1 * lowest
+
+
+def test_infeasible_under_too_much_load_minimises_p99() -> None:
+    heavy = LinearLatency(a_s=1e-3, b_s=2e-3, noise=0.1)  # 64 clients need >= 66 ms per round trip
+    sim, tuner = tuned(heavy, ClosedLoop(64, think_s=0.001), 40.0, slo_ms=30)
+    assert tuner.snapshot(40.0)["slo_feasible"] is False
+    lowest = min(p99 for _, p99 in sweep(heavy, ClosedLoop(64, think_s=0.001)).values())
+    assert sim.stats(20.0, 40.0).p99_s <= 1.1 * lowest
+
+
+def test_one_client_alone_sees_no_batching_latency() -> None:
+    sim, tuner = tuned(CPU, ClosedLoop(1, think_s=0.001), 20.0)
+    assert tuner.params.max_queue_delay_s == 0.0
+    assert sim.decisions[0][1].reason == "low-load" and sim.decisions[0][0] <= 0.5
+    alone = BatcherSim(CPU, ClosedLoop(1, think_s=0.001), TuningParams(1, 0.0), seed=1)
+    alone.run_until(20.0)
+    assert sim.stats(0.0, 20.0).mean_s <= 1.1 * alone.stats(0.0, 20.0).mean_s + 0.001
+
+
+def test_a_trickle_of_requests_stops_the_waiting() -> None:
+    sim, tuner = tuned(CPU, Poisson(20), 10.0, initial=TuningParams(16, 0.010))
+    assert tuner.params.max_queue_delay_s == 0.0
+    assert sim.stats(5.0, 10.0).p99_s < 0.005  # no 10 ms window paid
+
+
+def test_adapts_when_the_load_steps_up_and_down() -> None:
+    tuner = Autotuner(spec(50), COLD)
+    sim = BatcherSim(GPU, Poisson(200), COLD, seed=2, tuner=tuner)
+    for i, rate in enumerate((200, 3000, 200)):
+        sim.load = Poisson(rate)
+        sim.run_until(40.0 * (i + 1))
+        steady = [sim.stats(t, t + 1) for t in range(40 * i + 10, 40 * (i + 1))]
+        assert sum(w.p99_s <= 0.050 for w in steady) >= 0.95 * len(steady)
+        assert sim.stats(40 * i + 10, 40 * (i + 1)).throughput_rps >= 0.95 * rate
+        assert sim.changes_between(40 * i + 20, 40 * (i + 1)) <= 1
+    assert max(d.params.max_batch_size for _, d in sim.decisions) >= 32  # grew for the peak
+
+
+def test_adapts_when_the_model_slows_down() -> None:
+    sim, tuner = tuned(GPU, Poisson(2000), 30.0)
+    sim.latency = LinearLatency(a_s=0.1e-3, b_s=8e-3, noise=0.1)  # twice as slow: 16 items no longer keep up
+    sim.run_until(70.0)
+    after = sim.stats(45.0, 70.0)
+    assert after.throughput_rps >= 0.95 * 2000 and after.p99_s <= 0.050
+    assert tuner.snapshot(70.0)["latency_model"]["b_ms"] == pytest.approx(8.0, rel=0.25)
+
+
+def test_lower_ceiling_is_honoured() -> None:
+    sim, tuner = tuned(CPU, ClosedLoop(64, think_s=0.001), 20.0)
+    assert tuner.params.max_batch_size >= 32
+    tuner.lower_ceiling(8, sim.now)  # as the batcher does after an out-of-memory error at 32 ...
+    assert tuner.params.max_batch_size == 8
+    sim.params = tuner.params  # ... it applies the new limit at once, not at the next step
+    first_batch = len(sim.batch_sizes)
+    sim.run_until(40.0)
+    assert any(d.reason == "ceiling" for _, d in sim.decisions)
+    assert max(d.params.max_batch_size for t, d in sim.decisions if t >= 20.0) <= 8
+    assert max(sim.batch_sizes[first_batch + 1:]) <= 8  # the batch running at the call may be larger
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.tuples(st.integers(1, 128), st.integers(1, 128)).map(sorted),
+    delays_us=st.tuples(st.integers(0, 20_000), st.integers(0, 20_000)).map(sorted),
+    initial=st.builds(TuningParams, st.integers(1, 256), st.floats(0.0, 0.05)),
+    load=st.one_of(st.builds(Poisson, st.floats(5, 1500)),
+                   st.builds(ClosedLoop, st.integers(1, 16), st.floats(0.001, 0.010))),
+    a_ms=st.floats(0.01, 2.0),
+    b_ms=st.floats(1.0, 20.0),
+    slo_ms=st.floats(2.0, 200.0),
+    ceiling=st.one_of(st.none(), st.integers(1, 128)),
+)
+def test_never_leaves_its_bounds(sizes: list[int], delays_us: list[int], initial: TuningParams, load: Load,
+                                 a_ms: float, b_ms: float, slo_ms: float, ceiling: int | None) -> None:
+    bounds = dict(min_batch_size=sizes[0], max_batch_size=sizes[1],
+                  min_queue_delay_microseconds=delays_us[0], max_queue_delay_microseconds=delays_us[1])
+    tuner = Autotuner(spec(slo_ms, **bounds), initial)
+    start = tuner.params
+    sim = BatcherSim(LinearLatency(a_ms / 1e3, b_ms / 1e3, 0.1), load, initial, seed=3, tuner=tuner)
+    sim.run_until(5.0)
+    if ceiling is not None:
+        tuner.lower_ceiling(ceiling, sim.now)
+    sim.run_until(10.0)
+    top = sizes[1] if ceiling is None else max(sizes[0], min(ceiling, sizes[1]))
+    for t, p in [(0.0, start)] + [(t, d.params) for t, d in sim.decisions]:
+        assert sizes[0] <= p.max_batch_size <= (top if t >= 5.0 else sizes[1])
+        assert delays_us[0] / 1e6 <= p.max_queue_delay_s <= delays_us[1] / 1e6
+    assert sizes[0] <= tuner.params.max_batch_size <= top
