@@ -9,8 +9,9 @@ import pytest
 
 from batchpilot.runtime.demo import serving
 from batchpilot.runtime.demo_models import write_demo_repository
+from reference import MAX_BODY
 
-MAX_BODY = 16 * 1024 * 1024
+
 
 
 @pytest.fixture(scope="session")

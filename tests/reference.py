@@ -10,6 +10,9 @@ import torch
 
 from batchpilot.runtime.demo_models import IMAGE_SIZE, VOCAB_SIZE
 
+#: Request body limit of the shared test server (tests/conftest.py).
+MAX_BODY = 16 * 1024 * 1024
+
 
 def cv_inputs(count: int, seed: int = 1) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from conftest import MAX_BODY
+from reference import MAX_BODY
 from reference import assert_close, expected, nlp_inputs
 
 IMG = [1, 3, 64, 64]

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Short, bounded measurements: this checks protocol compatibility, the benchmarks measure speed.
-QUICK = ["--measurement-mode", "count_windows", "--measurement-request-count", "60", "-s", "60", "--max-trials", "6"]
+QUICK = ["--measurement-mode", "count_windows", "--measurement-request-count", "60", "-s", "100", "--max-trials", "6"]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
