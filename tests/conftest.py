@@ -12,8 +12,6 @@ from batchpilot.runtime.demo_models import write_demo_repository
 from reference import MAX_BODY
 
 
-
-
 @pytest.fixture(scope="session")
 def demo_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("models")
