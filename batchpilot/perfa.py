@@ -102,12 +102,13 @@ def run_perf_analyzer(
     concurrency_range: str | Sequence[int] = "1:8:2",
     extra_args: Sequence[str] = (),
     timeout: float = 300.0,
+    require_stable: bool = True,
 ) -> list[Row]:
     """Run a concurrency sweep (`start:end:step`, or a sequence of those numbers) and return its rows.
 
     `url` is host:port without a scheme (perf_analyzer's `-u`). Raises PerfAnalyzerError when the binary
-    is missing, exits non-zero (any failed request does that), times out, writes no report or cannot
-    stabilize a load level.
+    is missing, exits non-zero (any failed request does that), times out, writes no report or (unless
+    `require_stable` is false: then the level is left out of the rows) cannot stabilize a load level.
     """
     binary = find_perf_analyzer()
     if binary is None:

@@ -66,7 +66,7 @@ Namespaced resources go into the Role of a namespaced install; cluster-scoped on
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["batchpilot.io"]
   resources: ["batchedmodels/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["serving.kserve.io"]
   resources: ["inferenceservices"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -78,8 +78,5 @@ Namespaced resources go into the Role of a namespaced install; cluster-scoped on
 {{- define "batchpilot.rules.clusterScoped" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- end }}
