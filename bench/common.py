@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import json
 import os
 import re
@@ -14,13 +16,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from batchpilot.runtime.demo import free_port, wait_ready
+from batchpilot.runtime.loadgen import _read_response
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU = "0"  # the server gets one core...
 CLIENT_CPU = "1"  # ...and the load generator the other
+BENCH_LOCK = Path("/tmp/batchpilot-bench.lock")  # benchmarks on this shared machine never overlap
+
+
+@contextmanager
+def bench_lock() -> Iterator[float]:
+    """Hold the machine-wide benchmark lock (blocking); yields the seconds spent waiting for it."""
+    start = time.monotonic()
+    with open(BENCH_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield time.monotonic() - start
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def pinned(cpu: str, command: Sequence[str]) -> list[str]:
@@ -46,12 +63,13 @@ def process(command: Sequence[str], ready_url: str, env: dict[str, str] | None =
 
 
 @contextmanager
-def batchpilot_server(repository: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[tuple[int, int]]:
+def batchpilot_server(repository: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None,
+                      log_level: str = "WARNING") -> Iterator[tuple[int, int]]:
     http, grpc = free_port(), free_port()
-    command = pinned(SERVER_CPU, [sys.executable, "-m", "batchpilot", "--log-level", "WARNING", "serve",
+    command = pinned(SERVER_CPU, [sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve",
                                   "--model-repository", str(repository), "--http-port", str(http),
                                   "--grpc-port", str(grpc), "--host", "127.0.0.1", "--torch-threads", "1", *extra])
-    with process(command, f"http://127.0.0.1:{http}/v2/health/ready", env):
+    with process(command, f"http://127.0.0.1:{http}/v2/health/ready", env, log):
         yield http, grpc
 
 
@@ -127,3 +145,140 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def v2_json_body(name: str, datatype: str, shape: list[int], data: list) -> bytes:
     return json.dumps({"inputs": [{"name": name, "datatype": datatype, "shape": shape, "data": data}]}).encode()
+
+
+@dataclass
+class Window:
+    start_s: float
+    requests_per_s: float
+    p99_ms: float  # nan when nothing completed
+    concurrency: int
+
+
+@dataclass
+class Timeline:
+    """A closed-loop run, request by request: completion time (s since the start) and latency."""
+
+    done_s: np.ndarray
+    latency_s: np.ndarray
+    errors: int
+    steps: list[tuple[float, int]]  # (start s, clients)
+
+    def between(self, t0: float, t1: float) -> np.ndarray:
+        return self.latency_s[(self.done_s >= t0) & (self.done_s < t1)]
+
+    def rate_p99(self, t0: float, t1: float) -> tuple[float, float]:
+        lat = self.between(t0, t1)
+        return lat.size / (t1 - t0), float(np.percentile(lat, 99)) * 1e3 if lat.size else float("nan")
+
+    def concurrency_at(self, t: float) -> int:
+        return [self.steps[0][1], *(c for start, c in self.steps if start <= t)][-1]
+
+    def windows(self, width_s: float = 1.0) -> list[Window]:
+        end = float(self.done_s.max()) if self.done_s.size else 0.0
+        return [Window(t, *self.rate_p99(t, t + width_s), self.concurrency_at(t))
+                for t in np.arange(0.0, end - width_s / 2, width_s)]
+
+
+async def closed_loop_timeline(host: str, port: int, requests: Sequence[bytes],
+                               schedule: Sequence[tuple[float, int]], seed: int = 0) -> Timeline:
+    """Closed-loop clients over keep-alive connections (as `runtime.loadgen.run_load`), recording
+    every answer's completion time; `schedule` is [(seconds, clients), ...] run one after the other."""
+    rng = np.random.default_rng(seed)
+    done: list[float] = []
+    latency: list[float] = []
+    errors = 0
+    t0 = time.perf_counter()
+    steps: list[tuple[float, int]] = []
+
+    async def client(deadline: float) -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while (start := time.perf_counter()) < deadline:
+                writer.write(requests[int(rng.integers(len(requests)))])
+                status = await _read_response(reader)
+                end = time.perf_counter()
+                if status == 200:
+                    done.append(end - t0)
+                    latency.append(end - start)
+                else:
+                    errors += 1
+        finally:
+            writer.close()
+
+    for duration_s, clients in schedule:
+        steps.append((time.perf_counter() - t0, clients))
+        deadline = time.perf_counter() + duration_s
+        await asyncio.gather(*(client(deadline) for _ in range(clients)))
+    return Timeline(np.asarray(done), np.asarray(latency), errors, steps)
+
+
+def _proc_stats() -> dict[int, tuple[int, int, float]]:
+    """Every live process: pid -> (parent pid, session id, utime+stime+cutime+cstime in seconds).
+    Children's times count once they are reaped (cutime/cstime), so short-lived workers are not lost."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        # after "pid (comm)": state ppid pgrp session ... utime(12) stime(13) cutime(14) cstime(15)
+        found[int(entry)] = (int(fields[1]), int(fields[3]), sum(int(v) for v in fields[11:15]) / tick)
+    return found
+
+
+def process_tree(root: int) -> set[int]:
+    """`root`, its descendants, and every process of its session (servers that fork workers or daemons)."""
+    stats = _proc_stats()
+    tree = {root} | {pid for pid, (_, sid, _) in stats.items() if sid == root}
+    grew = True
+    while grew:
+        children = {pid for pid, (ppid, _, _) in stats.items() if ppid in tree} - tree
+        tree |= children
+        grew = bool(children)
+    return tree & set(stats)
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system) used so far by a server's whole process tree."""
+    stats = _proc_stats()
+    return sum(stats[pid][2] for pid in process_tree(root) if pid in stats)
+
+
+@contextmanager
+def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | None = None,
+                  log: Path | None = None, cwd: Path | None = None,
+                  ready_timeout_s: float = 300) -> Iterator[subprocess.Popen]:
+    """Like `process`, for servers made of several processes: a session of its own, and on exit the
+    whole tree gets SIGTERM, then SIGKILL after 30 s."""
+    out = open(log, "wb") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    try:
+        wait_ready(ready_url, timeout_s=ready_timeout_s, proc=proc)
+        yield proc
+    finally:
+        tree = process_tree(proc.pid)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in tree:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in tree - {proc.pid}):
+                proc.poll()
+                time.sleep(0.2)
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                continue
+            if not any(os.path.exists(f"/proc/{p}") for p in tree - {proc.pid}):
+                break
+        if log:
+            out.close()

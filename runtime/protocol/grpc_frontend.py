@@ -62,7 +62,7 @@ class _Undecodable:
     """Stands in for request bytes that are not a valid message of the method's type."""
 
 
-def _tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """The handler, answering undecodable bytes with INVALID_ARGUMENT. Left to itself grpc answers UNKNOWN
     and logs a traceback per message, which lets any client fill the logs and looks like a server fault."""
     parse, behaviour = handler.request_deserializer, handler.unary_unary
@@ -93,9 +93,9 @@ class _TolerantRegistrar:
         pass  # the same methods arrive as a dict just after, through add_registered_method_handlers
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        tolerant = {name: _tolerant(h) for name, h in handlers.items()}
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant),))
-        self.server.add_registered_method_handlers(service, tolerant)
+        tolerant_handlers = {name: tolerant(h) for name, h in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant_handlers),))
+        self.server.add_registered_method_handlers(service, tolerant_handlers)
 
 
 def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:

@@ -77,7 +77,7 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
             raise InvalidRequest("each input must be an object with a string 'name'")
         name = item["name"]
         datatype = item.get("datatype")
-        if datatype not in NUMPY_DTYPES:
+        if not isinstance(datatype, str) or datatype not in NUMPY_DTYPES:
             raise InvalidRequest(f"input {name!r}: unsupported datatype {datatype!r}")
         raw = RawInput(name, datatype, _shape(item, name))
         item_params = item.get("parameters") or {}
