@@ -83,18 +83,15 @@ def wait_ready(url: str, timeout_s: float = 120.0, proc: subprocess.Popen | None
 
 
 @contextmanager
-def serving(repository: Path, *extra: str, log_path: Path | None = None) -> Iterator[tuple[int, int]]:
-    """Run `batchpilot serve` in a child process on free loopback ports; SIGTERM it afterwards."""
-    http, grpc_port = free_port(), free_port()
+def child_process(
+    command: list[str], ready_url: str, *, env: dict[str, str] | None = None, log_path: Path | None = None
+) -> Iterator[subprocess.Popen]:
+    """Run a server as a child process until `ready_url` answers 200; SIGTERM it (then kill) afterwards."""
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "batchpilot", "--log-level", "WARNING", "serve", "--model-repository", str(repository),
-         "--http-port", str(http), "--grpc-port", str(grpc_port), "--host", "127.0.0.1", *extra],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
-        wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", proc=proc)
-        yield http, grpc_port
+        wait_ready(ready_url, timeout_s=180, proc=proc)
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -103,6 +100,20 @@ def serving(repository: Path, *extra: str, log_path: Path | None = None) -> Iter
             proc.kill()
         if log_path:
             log.close()
+
+
+@contextmanager
+def serving(
+    repository: Path, *extra: str, log_path: Path | None = None, env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> Iterator[tuple[int, int]]:
+    """Run `batchpilot serve` in a child process on free loopback ports; yields (http, grpc) ports.
+    `prefix` goes before the command (e.g. taskset to pin the server to a core)."""
+    http, grpc_port = free_port(), free_port()
+    command = [*prefix, sys.executable, "-m", "batchpilot", "--log-level", "WARNING", "serve", "--model-repository",
+               str(repository), "--http-port", str(http), "--grpc-port", str(grpc_port), "--host", "127.0.0.1", *extra]
+    with child_process(command, f"http://127.0.0.1:{http}/v2/health/ready", env=env, log_path=log_path):
+        yield http, grpc_port
 
 
 def get_json(url: str) -> dict:

@@ -58,12 +58,19 @@ class KServeModel(kserve.Model):
     """KServe's view of a hosted model (readiness and the model registry)."""
 
     def __init__(self, hosted: HostedModel) -> None:
-        super().__init__(hosted.name)
         self.hosted = hosted
-        self.ready = hosted.ready
+        super().__init__(hosted.name)
+
+    @property  # type: ignore[override]
+    def ready(self) -> bool:
+        """Always the hub's live answer (KServe's own /v1 readiness routes read this)."""
+        return self.hosted.ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        pass  # readiness is derived, never set
 
     def load(self) -> bool:
-        self.ready = self.hosted.ready
         return self.ready
 
 
