@@ -228,6 +228,9 @@ class Batcher:
             slices = self.policy.take(self.queue, self._params.max_batch_size, self.spec.batching.preserve_ordering)
             self._m["depth"].set(len(self.queue))
             self.metrics.release.labels(model=self.spec.name, reason=reason).inc()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("model %s: released %d items in %d slices (%s), %d requests still queued",
+                          self.spec.name, sum(s.size for s in slices), len(slices), reason, len(self.queue))
             self._busy = True
             self._loop.create_task(self._execute(slices))
 
