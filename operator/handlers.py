@@ -7,11 +7,13 @@ operator with its own Reconciler (API client, HTTP fetcher) and timings.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from batchpilot.operator.mapping import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION, OWNER_LABEL
 from batchpilot.operator.reconcile import Reconciler
@@ -28,6 +30,15 @@ RETRYABLE = {"KServeMissing", "ApplyFailed"}
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     """Emit through kopf's poster (batched, retried, works from handler threads)."""
     kopf.event(obj, type=type_, reason=reason, message=message[:1024])  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def retried_soon(delay_s: float) -> Iterator[None]:
+    """An API error escaping a handler is retried after `delay_s`, not kopf's default minute."""
+    try:
+        yield
+    except ApiException as error:
+        raise kopf.TemporaryError(f"Kubernetes API call failed: {error.status} {error.reason}", delay=delay_s) from error
 
 
 def register(
@@ -58,13 +69,15 @@ def register(
     @kopf.on.create(**BATCHED_MODELS, registry=registry)
     @kopf.on.update(**BATCHED_MODELS, field="spec", registry=registry)
     def reconcile(body: kopf.Body, **_: Any) -> None:
-        problem = reconciler.reconcile(body)
+        with retried_soon(retry_delay_s):
+            problem = reconciler.reconcile(body)
         if problem is not None and problem.reason in RETRYABLE:
             raise kopf.TemporaryError(problem.message, delay=retry_delay_s)
 
     @kopf.on.delete(**BATCHED_MODELS, registry=registry)
     def finalize(body: kopf.Body, **_: Any) -> None:
-        reconciler.finalize(body)
+        with retried_soon(retry_delay_s):
+            reconciler.finalize(body)
 
     @kopf.on.event(**INFERENCE_SERVICES, labels={OWNER_LABEL: kopf.PRESENT}, registry=registry)
     def child_changed(event: kopf.RawEvent, **_: Any) -> None:

@@ -5,8 +5,10 @@ Blocking calls of the official client: kopf runs sync handlers in its thread poo
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import kubernetes
 from kubernetes.client import ApiClient, CustomObjectsApi
@@ -17,6 +19,23 @@ from batchpilot.spec import batchedmodel as bm
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 10.0
+CONFLICT_ATTEMPTS = 3
+
+logger = logging.getLogger("batchpilot.operator")
+T = TypeVar("T")
+
+
+def retry_conflicts(call: Callable[[], T], attempts: int = CONFLICT_ATTEMPTS) -> T:
+    """Run `call` again when the API server answers 409 Conflict (someone wrote in between), at most
+    `attempts` times in all. `call` must read afresh what it writes, or write something idempotent."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except ApiException as error:
+            if error.status != 409 or attempt == attempts:
+                raise
+            logger.info("conflicting write (attempt %d of %d), retrying: %s", attempt, attempts, error.reason)
+    raise AssertionError("unreachable")
 
 
 def client_from_environment() -> ApiClient:
@@ -52,10 +71,11 @@ class Kube:
         return self._get(bm.API_GROUP, bm.API_VERSION, bm.PLURAL, namespace, name)
 
     def patch_batched_model_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self._api.patch_namespaced_custom_object_status(
+        # A merge patch without a resourceVersion is idempotent: a conflict is retried as it is.
+        retry_conflicts(lambda: self._api.patch_namespaced_custom_object_status(
             bm.API_GROUP, bm.API_VERSION, namespace, bm.PLURAL, name, {"status": status},
             _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S,
-        )
+        ))
 
     # --- InferenceServices
 

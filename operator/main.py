@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import kopf
 
@@ -35,6 +36,9 @@ def run_operator(
     """
     if (namespace is None) == (not all_namespaces):
         raise ValueError("give exactly one of namespace or all_namespaces")
+    # kopf's handler alone on the root logger: another one (the CLI's basicConfig) would print every line twice,
+    # once not as JSON.
+    logging.getLogger().handlers.clear()
     kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL)
     reconciler = Reconciler(Kube(client_from_environment()), emit=post_event)
     registry = build_registry(reconciler, refresh_interval_s=refresh_interval_s)

@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from batchpilot.operator import status as st
-from batchpilot.operator.kube import Kube
+from batchpilot.operator.kube import Kube, retry_conflicts
 from batchpilot.operator.mapping import OWNER_LABEL, inference_service, unsupported
 from batchpilot.spec.batchedmodel import BatchedModelSpec
 
@@ -60,10 +60,18 @@ def _owned_part(isvc: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": {k: meta[k] for k in OWNED_METADATA if k in meta}, "spec": isvc.get("spec", {})}
 
 
-def _readable(error: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in error.errors(include_url=False)
-    )
+def _readable(error: ValidationError, limit: int = 10) -> str:
+    """The first `limit` problems, one `path: message` each (garbage can have thousands)."""
+    errors = error.errors(include_url=False)
+    text = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in errors[:limit])
+    return text + (f"; and {len(errors) - limit} more" if len(errors) > limit else "")
+
+
+def _applied_generation(body: Mapping[str, Any]) -> int | None:
+    """The generation the status says was applied (Reconciled True), else None."""
+    conds = (body.get("status") or {}).get("conditions", [])
+    done = next((c for c in conds if c.get("type") == "Reconciled" and c.get("status") == "True"), {})
+    return done.get("observedGeneration")
 
 
 @dataclass
@@ -108,30 +116,27 @@ class Reconciler:
         return spec, None
 
     def _apply(self, body: Mapping[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+        # A 409 (created or changed by someone else in between) is retried at once, with a fresh read.
+        return retry_conflicts(lambda: self._apply_once(body, desired))
+
+    def _apply_once(self, body: Mapping[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
         meta = desired["metadata"]
         ns, name = meta["namespace"], meta["name"]
         current = self.kube.get_inference_service(ns, name)
         if current is None:
-            try:
-                created = self.kube.create_inference_service(desired)
-            except ApiException as error:
-                if error.status != 409:  # 409: created concurrently (e.g. by the child-event path)
-                    raise
-                current = self.kube.get_inference_service(ns, name)
-            else:
-                self.emit(body, "Normal", "Created", f"created InferenceService {name}")
-                return created
-        assert current is not None
+            created = self.kube.create_inference_service(desired)
+            self.emit(body, "Normal", "Created", f"created InferenceService {name}")
+            return created
         patch = drift_patch(_owned_part(current), _owned_part(desired))
         if not patch:
             return current
         patched = self.kube.patch_inference_service(ns, name, patch)
-        if body.get("status", {}).get("observedGeneration") == body["metadata"].get("generation"):
+        generation = body["metadata"].get("generation")
+        if _applied_generation(body) == generation:
             self.emit(body, "Warning", "DriftReverted",
                       f"InferenceService {name} was changed by hand; restored {sorted(_paths(patch))}")
         else:
-            self.emit(body, "Normal", "Updated", f"InferenceService {name} updated to generation "
-                      f"{body['metadata'].get('generation')}")
+            self.emit(body, "Normal", "Updated", f"InferenceService {name} updated to generation {generation}")
         return patched
 
     def _write_status(self, body: Mapping[str, Any], spec: BatchedModelSpec | None, problem: st.Problem | None,

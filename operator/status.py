@@ -9,6 +9,10 @@ from typing import Any
 from batchpilot.spec.batchedmodel import Condition, ModelBatchingStatus
 
 
+#: Condition.message's maxLength in the CRD: a longer message would fail validation, status and all.
+MAX_MESSAGE = next(m.max_length for m in Condition.model_fields["message"].metadata if hasattr(m, "max_length"))
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -46,6 +50,8 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int 
     before = next((c for c in previous if c.get("type") == type_), {})
     # The transition time moves only when the status flips (as metav1.Condition prescribes).
     since = before.get("lastTransitionTime") if before.get("status") == status else None
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE - 3] + "..."
     cond = Condition(type=type_, status=status, reason=reason, message=message,
                      last_transition_time=since or now(), observed_generation=generation)
     return cond.model_dump(mode="json", by_alias=True, exclude_none=True)

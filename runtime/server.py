@@ -18,7 +18,6 @@ from pathlib import Path
 import grpc
 import kserve
 import torch
-from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.rest.server import RESTServer
 
 from batchpilot import __version__
@@ -28,7 +27,7 @@ from .batching.executor import Executor
 from .gpu import export_gpu_metrics
 from .hub import HostedModel, ModelHub
 from .metrics import RuntimeMetrics
-from .protocol.grpc_frontend import BatchPilotServicer
+from .protocol.grpc_frontend import BatchPilotServicer, add_servicer
 from .protocol.rest import RestFrontend
 from .protocol.triton_grpc import triton_extension_handler
 from .repository import ModelEntry, load_repository, specs_from_env
@@ -130,7 +129,7 @@ class BatchPilotServer(kserve.ModelServer):
             ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
         ])
         servicer = BatchPilotServicer(self.hub, self.dataplane, self.model_repository_extension)
-        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        add_servicer(servicer, server)
         server.add_generic_rpc_handlers((triton_extension_handler(self._triton_config, self._triton_stats),))
         server.add_insecure_port(f"{self.options.host}:{self.options.grpc_port}")
         await server.start()

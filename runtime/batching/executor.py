@@ -39,6 +39,11 @@ class BatchTimings:
         self.output_s += t_out
 
 
+def _last_line(exc: BaseException, limit: int = 200) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:limit]
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -81,8 +86,10 @@ class Executor:
                 # Not the input's fault: lower the ceiling and retry in halves.
                 self.on_out_of_memory(size)
             if len(part) == 1:
-                log.warning("model %s failed on one request (%d items): %s", self.spec.name, size, exc)
-                results[index[0]] = ModelFailed(f"model {self.spec.name!r} failed on this input: {exc}")
+                # Neither the log nor the answer carries the traceback (server paths) or more than the
+                # error's last line (which a model might fill with its input).
+                log.warning("model %s failed on one request (%d items): %s", self.spec.name, size, type(exc).__name__)
+                results[index[0]] = ModelFailed(f"model {self.spec.name!r} failed on this input: {_last_line(exc)}")
                 return
             half = len(index) // 2
             self._run_isolated(slices, index[:half], results, timings)

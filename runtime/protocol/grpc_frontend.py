@@ -12,7 +12,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
@@ -20,6 +19,7 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 from ..errors import InvalidRequest, RequestError
 from ..hub import Decoded, ModelHub
 from ..tensors import DATATYPE_OF, RawInput
+from .grpc_tolerant import tolerant
 from .rest import SERVER_EXTENSIONS, model_metadata
 
 log = logging.getLogger("batchpilot.grpc")
@@ -56,31 +56,6 @@ def decode(request: pb.ModelInferRequest) -> list[Decoded]:
             raise InvalidRequest(f"input {tensor.name!r}: datatype {tensor.datatype!r} needs raw_input_contents")
         decoded.append((raw, list(getattr(tensor.contents, field))))
     return decoded
-
-
-class _Undecodable:
-    """Stands in for request bytes that are not a valid message of the method's type."""
-
-
-def tolerant(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """The handler, answering undecodable bytes with INVALID_ARGUMENT. Left to itself grpc answers UNKNOWN
-    and logs a traceback per message, which lets any client fill the logs and looks like a server fault."""
-    parse, behaviour = handler.request_deserializer, handler.unary_unary
-    if parse is None or behaviour is None:
-        return handler
-
-    def deserialize(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except DecodeError:
-            return _Undecodable()
-
-    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, _Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request is not a valid protobuf message")
-        return await behaviour(request, context)
-
-    return handler._replace(request_deserializer=deserialize, unary_unary=guarded)
 
 
 class _TolerantRegistrar:

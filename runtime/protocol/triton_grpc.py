@@ -17,7 +17,9 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from batchpilot.runtime.errors import RequestError
 from batchpilot.runtime.protocol import batchpilot_triton_pb2 as pb
+from batchpilot.runtime.protocol.grpc_tolerant import tolerant
 
 SERVICE = "inference.GRPCInferenceService"
 MODEL_CONFIG_METHOD = f"/{SERVICE}/ModelConfig"
@@ -65,6 +67,8 @@ def triton_extension_handler(
             versions = {entry.get("version") for entry in stats_for(request.name)}
         except KeyError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
+        except RequestError as exc:  # the hub's own refusals (not hosted, not ready) keep their codes
+            await context.abort(exc.grpc_code, exc.message)
         if request.version and request.version not in versions:
             await context.abort(grpc.StatusCode.NOT_FOUND, _unknown_version(request))
         return model_config_response(config)
@@ -79,6 +83,8 @@ def triton_extension_handler(
             stats = stats_for(request.name)
         except KeyError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
+        except RequestError as exc:
+            await context.abort(exc.grpc_code, exc.message)
         if request.version:
             stats = [entry for entry in stats if entry.get("version") == request.version]
             if not stats:
@@ -88,11 +94,11 @@ def triton_extension_handler(
     def unary(
         handler: Callable[..., Awaitable[Message]], request_type: type[Message], response_type: type[Message]
     ) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
+        return tolerant(grpc.unary_unary_rpc_method_handler(
             handler,
             request_deserializer=request_type.FromString,
             response_serializer=response_type.SerializeToString,
-        )
+        ))
 
     return grpc.method_handlers_generic_handler(
         SERVICE,

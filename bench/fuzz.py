@@ -1,0 +1,94 @@
+"""Long fuzz run of the request decoders: the properties of tests/test_hardening_fuzz.py with a big budget.
+
+In-process: v2 REST, v1 REST and gRPC decoding + validation raise only client errors, within the
+allocation limit. With --live (default on): the same fuzzed REST bodies and gRPC bytes against a real
+server, which must never answer 5xx / INTERNAL / UNKNOWN and must still serve afterwards.
+
+    python bench/fuzz.py --examples 20000          # ~10-20 min on 2 cores
+A failing example is printed by hypothesis (shrunk) and the script exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import test_hardening_fuzz as fuzz  # noqa: E402 - the properties and strategies live with the CI tests
+from test_hardening_server import server_process  # noqa: E402
+
+from batchpilot.runtime.demo_models import write_demo_repository  # noqa: E402
+
+
+def run(label: str, examples: int, check: Callable[..., None], **strategies: st.SearchStrategy) -> tuple[str, int, float]:
+    """Run one property for `examples` examples (hypothesis stops early if it exhausts the space)."""
+    tried = 0
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(**strategies)
+    def prop(**values: Any) -> None:
+        nonlocal tried
+        tried += 1
+        check(**values)
+
+    start = time.monotonic()
+    prop()
+    print(f"  {label}: {tried} inputs, all refused as the client's fault or served", flush=True)
+    return label, tried, time.monotonic() - start
+
+
+def live(examples: int) -> list[tuple[str, int, float]]:
+    rows: list[tuple[str, int, float]] = []
+    with tempfile.TemporaryDirectory(prefix="batchpilot-fuzz-") as tmp:
+        repository = Path(tmp) / "models"
+        write_demo_repository(repository)
+        with server_process(repository, Path(tmp) / "server.log") as served:
+
+            rows.append(run("live REST", examples, lambda case: fuzz.check_live_rest(served.http, case), case=fuzz.live_requests()))
+            with grpc.insecure_channel(f"127.0.0.1:{served.grpc}") as channel:
+                calls = fuzz.grpc_calls(channel)
+                rows.append(run("live gRPC", examples, lambda method, data: fuzz.check_live_grpc(calls, method, data),
+                                method=st.sampled_from(fuzz.GRPC_METHODS), data=fuzz.grpc_bytes()))
+            fuzz.assert_still_serving((served.http, served.grpc), repository)
+            assert served.stop() == 0
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=int, default=20_000, help="inputs per property")
+    parser.add_argument("--no-live", action="store_true", help="skip the live server part")
+    args = parser.parse_args()
+    tracemalloc.start()
+    models = st.sampled_from(sorted(fuzz.SPECS))
+    rows = [
+        run("v2 REST decode", args.examples, lambda model, body: fuzz.only_client_errors(lambda: fuzz.decode_v2(model, body)),
+            model=models, body=fuzz.v2_bodies()),
+        run("v1 REST decode", args.examples, lambda model, body: fuzz.only_client_errors(lambda: fuzz.decode_v1(model, body)),
+            model=models, body=fuzz.v1_bodies),
+        run("gRPC decode", args.examples, lambda request: fuzz.only_client_errors(lambda: fuzz.decode_grpc(request)),
+            request=fuzz.infer_requests()),
+    ]
+    tracemalloc.stop()
+    if not args.no_live:
+        rows += live(args.examples)
+    print(f"\n{'property':16s} {'inputs':>8s} {'seconds':>8s}")
+    for label, tried, seconds in rows:
+        print(f"{label:16s} {tried:8d} {seconds:8.1f}")
+    print(f"{'total':16s} {sum(r[1] for r in rows):8d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Soak: measure a demo model's capacity, then hold 70% of it for 10 minutes (not run in CI).
+
+Capacity is the closed-loop throughput of 32 clients. The soak is open-loop (a fixed arrival rate, so
+a slow server cannot slow the load down), over keep-alive connections opened as needed. Reported:
+errors (the goal is 0), latency, and the server process's RSS over time (growth = a leak).
+
+    python bench/soak.py                       # textcls, 600 s at 70%
+    python bench/soak.py --model resnet-mini --duration 120 --load 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from bench.common import bench_lock  # noqa: E402 - benchmarks on this shared machine never overlap
+from test_hardening_server import Served, exchange, server_process  # noqa: E402
+
+from batchpilot.runtime.demo import demo_requests  # noqa: E402
+from batchpilot.runtime.demo_models import write_demo_repository  # noqa: E402
+from batchpilot.runtime.loadgen import run_load  # noqa: E402
+
+RSS_EVERY_S = 5.0
+
+
+@dataclass
+class Soak:
+    sent: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+    failures: int = 0  # connection errors: no answer at all
+    latencies_s: list[float] = field(default_factory=list)
+    rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the soak, MiB)
+
+    @property
+    def errors(self) -> int:
+        return self.failures + sum(n for s, n in self.statuses.items() if s != 200)
+
+
+async def soak(served: Served, requests: list[bytes], rate: float, duration_s: float) -> Soak:
+    result = Soak()
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    tasks: set[asyncio.Task[None]] = set()
+    rng = np.random.default_rng(0)
+
+    async def one(request: bytes) -> None:
+        conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", served.http)
+        try:
+            reply = await exchange(*conn, request)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            result.failures += 1
+            conn[1].close()
+            return
+        result.statuses[reply.status] = result.statuses.get(reply.status, 0) + 1
+        if reply.status == 200:
+            result.latencies_s.append(reply.seconds)
+        idle.append(conn)
+
+    start = time.perf_counter()
+    next_rss = next_at = 0.0
+    while (now := time.perf_counter() - start) < duration_s:
+        if now >= next_rss:
+            result.rss.append((now, served.rss_mib()))
+            next_rss += RSS_EVERY_S
+        task = asyncio.create_task(one(requests[int(rng.integers(len(requests)))]))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        result.sent += 1
+        # Poisson arrivals at `rate` per second, on an absolute schedule (no drift from slow sends).
+        next_at += rng.exponential(1.0 / rate)
+        await asyncio.sleep(max(0.0, start + next_at - time.perf_counter()))
+    await asyncio.gather(*tasks)
+    result.rss.append((time.perf_counter() - start, served.rss_mib()))
+    for _, writer in idle:
+        writer.close()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="textcls", choices=["textcls", "resnet-mini"])
+    parser.add_argument("--duration", type=float, default=600.0, help="soak seconds")
+    parser.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="batchpilot-soak-") as tmp, bench_lock():
+        repository = Path(tmp) / "models"
+        write_demo_repository(repository)
+        with server_process(repository, Path(tmp) / "server.log") as served:
+            requests = demo_requests(args.model, f"127.0.0.1:{served.http}", count=256)
+            asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=8, duration_s=3.0))  # warm-up
+            capacity = asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=32, duration_s=10.0)).throughput
+            rate = args.load * capacity
+            print(f"capacity {capacity:.1f} req/s; soaking at {rate:.1f} req/s for {args.duration:.0f} s ...", flush=True)
+            result = asyncio.run(soak(served, requests, rate, args.duration))
+            code = served.stop()
+    rss = [mib for _, mib in result.rss]
+    lat = np.array(result.latencies_s) * 1e3
+    rows = [
+        ("model", args.model), ("capacity (req/s)", f"{capacity:.1f}"), ("target rate (req/s)", f"{rate:.1f}"),
+        ("achieved rate (req/s)", f"{sum(result.statuses.values()) / args.duration:.1f}"),
+        ("requests sent", result.sent), ("answers by status", result.statuses), ("no answer", result.failures),
+        ("errors (goal 0)", result.errors),
+        ("latency p50 / p99 / max (ms)", f"{np.percentile(lat, 50):.1f} / {np.percentile(lat, 99):.1f} / {lat.max():.1f}" if lat.size else "-"),
+        ("RSS start / max / end (MiB)", f"{rss[0]:.0f} / {max(rss):.0f} / {rss[-1]:.0f}"),
+        ("RSS growth (MiB)", f"{rss[-1] - rss[0]:+.1f}"),
+        ("server exit status", code),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print()
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    print("\nRSS (MiB) per minute: " + ", ".join(f"{mib:.0f}" for t, mib in result.rss if t % 60 < RSS_EVERY_S))
+    return 0 if result.errors == 0 and code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
