@@ -25,7 +25,7 @@ def generated() -> Path:
 
 def test_chart_copy_is_byte_identical(generated: Path) -> None:
     copy = CHART_CRDS / generated.name
-    assert copy.exists() and copy.read_bytes() == generated.read_bytes(), "run charts/sync-crd.sh"
+    assert copy.exists() and copy.read_bytes() == generated.read_bytes(), "run python -m batchpilot.operator.crdgen (it writes both copies)"
 
 
 def test_chart_ships_no_hand_written_crd() -> None:
