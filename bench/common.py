@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from batchpilot.runtime.demo import free_port, wait_ready
+from batchpilot.runtime.demo import child_process, free_port, serving
 from batchpilot.runtime.loadgen import _read_response
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,33 +44,16 @@ def pinned(cpu: str, command: Sequence[str]) -> list[str]:
     return ["taskset", "-c", cpu, *command] if os.cpu_count() and os.cpu_count() > 1 else list(command)
 
 
-@contextmanager
 def process(command: Sequence[str], ready_url: str, env: dict[str, str] | None = None,
-            log: Path | None = None) -> Iterator[subprocess.Popen]:
-    out = open(log, "wb") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    try:
-        wait_ready(ready_url, timeout_s=180, proc=proc)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if log:
-            out.close()
+            log: Path | None = None):
+    """A server child process, ready when `ready_url` answers (see runtime.demo.child_process)."""
+    return child_process(list(command), ready_url, env=env, log_path=log)
 
 
-@contextmanager
-def batchpilot_server(repository: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None,
-                      log_level: str = "WARNING") -> Iterator[tuple[int, int]]:
-    http, grpc = free_port(), free_port()
-    command = pinned(SERVER_CPU, [sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve",
-                                  "--model-repository", str(repository), "--http-port", str(http),
-                                  "--grpc-port", str(grpc), "--host", "127.0.0.1", "--torch-threads", "1", *extra])
-    with process(command, f"http://127.0.0.1:{http}/v2/health/ready", env, log):
-        yield http, grpc
+def batchpilot_server(repository: Path, *extra: str, env: dict[str, str] | None = None):
+    """`batchpilot serve` pinned to the server core, one torch thread; yields (http, grpc) ports."""
+    prefix = tuple(pinned(SERVER_CPU, []))
+    return serving(repository, "--torch-threads", "1", *extra, env=env, prefix=prefix)
 
 
 @contextmanager
@@ -256,6 +239,8 @@ def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | 
                   ready_timeout_s: float = 300) -> Iterator[subprocess.Popen]:
     """Like `process`, for servers made of several processes: a session of its own, and on exit the
     whole tree gets SIGTERM, then SIGKILL after 30 s."""
+    from batchpilot.runtime.demo import wait_ready
+
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
                             env={**os.environ, **(env or {})})
@@ -282,3 +267,15 @@ def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | 
                 break
         if log:
             out.close()
+
+
+@contextmanager
+def batchpilot_server_logged(repository: Path, *extra: str, log: Path, env: dict[str, str] | None = None,
+                             log_level: str = "INFO") -> Iterator[tuple[int, int]]:
+    """`batchpilot_server` with its log (at `log_level`, e.g. INFO for the autotune decisions) kept in `log`."""
+    http, grpc = free_port(), free_port()
+    command = pinned(SERVER_CPU, [sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve",
+                                  "--model-repository", str(repository), "--http-port", str(http),
+                                  "--grpc-port", str(grpc), "--host", "127.0.0.1", "--torch-threads", "1", *extra])
+    with process(command, f"http://127.0.0.1:{http}/v2/health/ready", env, log):
+        yield http, grpc
