@@ -11,10 +11,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-.tools/bin/perf_analyzer: tools/install-perf-analyzer.sh
+setup: $(VENV)/.installed
 	tools/install-perf-analyzer.sh $(PY)
-
-setup: $(VENV)/.installed .tools/bin/perf_analyzer
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/batchpilot demo

@@ -13,6 +13,16 @@ bin_dir="$repo/.tools/bin"
 target="$bin_dir/perf_analyzer"
 stamp="$bin_dir/.perf_analyzer-$version"
 
+# perf_analyzer links against Debian's libb64; install it when missing (needs root, as in CI).
+if ! ldconfig -p | grep -q 'libb64\.so\.0d'; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d >/dev/null; }
+  else
+    echo "perf_analyzer needs Debian's libb64-0d: sudo apt-get install libb64-0d" >&2
+  fi
+fi
+
 if [[ -x "$target" && -f "$stamp" ]]; then
   echo "perf_analyzer $version already at $target"
   exit 0
