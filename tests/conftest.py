@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from hypothesis import settings
 
 from batchpilot.runtime.demo import serving
 from batchpilot.runtime.demo_models import write_demo_repository
 from reference import MAX_BODY
+
+# CI runs the property tests with fixed seeds so a red run reproduces; bench/fuzz.py explores further.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
