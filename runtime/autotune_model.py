@@ -112,6 +112,8 @@ class Epoch:
     accompanied: int = 0  # items that arrived while others were in the server
     busy_s: float = 0.0
     largest_batch: int = 0
+    batches: int = 0
+    full_batches: int = 0  # batches that reached the size limit
 
     def add_arrival(self, n_items: int, others_present: bool, now: float) -> None:
         if now >= self.settled_at:
@@ -123,6 +125,8 @@ class Epoch:
             self.items_done += size
             self.busy_s += compute_s
             self.largest_batch = max(self.largest_batch, size)
+            self.batches += 1
+            self.full_batches += size >= self.params.max_batch_size
 
     def add_request(self, latency_s: float, queue_wait_s: float, now: float) -> None:
         if now - latency_s >= self.start:
@@ -159,6 +163,7 @@ class Epoch:
             p99_s=float(np.percentile(lat, 99)) if lat.size else math.inf,
             utilization=self.busy_s / duration,
             largest_batch=self.largest_batch,
+            full_share=self.full_batches / self.batches if self.batches else 0.0,
         )
 
 
@@ -176,3 +181,4 @@ class Measurement:
     p99_s: float
     utilization: float
     largest_batch: int
+    full_share: float = 0.0  # share of batches that reached the size limit

@@ -213,3 +213,23 @@ def test_never_leaves_its_bounds(sizes: list[int], delays_us: list[int], initial
         assert sizes[0] <= p.max_batch_size <= (top if t >= 5.0 else sizes[1])
         assert delays_us[0] / 1e6 <= p.max_queue_delay_s <= delays_us[1] / 1e6
     assert sizes[0] <= tuner.params.max_batch_size <= top
+
+
+def test_a_violation_with_full_batches_grows_them_even_below_90_percent_busy() -> None:
+    """Live on one core the HTTP stack takes its share, so the executor of a saturated closed loop
+    reads ~85% busy: with full batches the backoff must double the size (halving it lengthened the
+    queue: 16 -> 8 at 32 clients, seen live on textcls), whatever the busy figure says."""
+    tuner = Autotuner(spec(50), TuningParams(16, 0.0))
+    decisions = []
+    t, i = 0.0, 0
+    while t < 3.0 and not decisions:  # 32 closed-loop clients: 16 arrive while a batch of 16 runs
+        tuner.record_arrival(16, t + 0.010)
+        t += 0.020  # a batch of 16 each 20 ms, 17 ms of it computing: 85% busy
+        tuner.record_batch(16, 0.017, t)
+        for k in range(16):  # mean 37 ms of which 23 ms queued; 1 in 16 answers at 80 ms
+            tuner.record_request(0.080 if (i + k) % 16 == 0 else 0.034, 0.023, t)
+        i += 1
+        if i % 12 == 0:  # the batcher steps the tuner every 0.25 s
+            decisions += [d for d in [tuner.step(t)] if d is not None]
+    assert decisions and decisions[0].reason == "slo-violation"
+    assert decisions[0].params == TuningParams(32, 0.0)
