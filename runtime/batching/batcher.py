@@ -149,7 +149,7 @@ class Batcher:
         request = Pending(
             inputs=inputs, n=first.shape[0], key=tuple(a.shape[1:] for a in inputs.values()),
             length=first.shape[1] if self.spec.type == "nlp" else 0, level=self._level(priority),
-            arrival=now, seq=next(self._seq), future=self._loop.create_future(),
+            arrival=now, arrival_mono=time.perf_counter(), seq=next(self._seq), future=self._loop.create_future(),
         )
         timeout_s = self._timeout_s(timeout_us)
         if timeout_s:
@@ -259,10 +259,10 @@ class Batcher:
         return None, window_end
 
     async def _execute(self, slices: list[Slice]) -> None:
-        start = self._loop.time()
+        start = time.perf_counter()
         for s in slices:
-            if s.request.dispatched_at is None:
-                s.request.dispatched_at = start
+            if s.request.dispatched_mono is None:
+                s.request.dispatched_mono = start
         running = self._loop.run_in_executor(self._thread, self.executor.run, slices)
         try:
             try:
@@ -329,8 +329,9 @@ class Batcher:
     def _finish(self, request: Pending, now: float, outcome: str, timings: BatchTimings) -> None:
         if request.timer is not None:
             request.timer.cancel()
-        total = now - request.arrival
-        queued = (request.dispatched_at or now) - request.arrival
+        end = time.perf_counter()
+        total = end - request.arrival_mono
+        queued = (request.dispatched_mono or end) - request.arrival_mono
         if outcome == "success":
             self.stats.record_success(
                 int(queued * NS), int(timings.input_s * NS), int(timings.infer_s * NS),

@@ -22,13 +22,14 @@ class Pending:
     key: Hashable  # requests with different keys never share a batch (per-item shapes)
     length: int  # tokens per item for NLP models, 0 otherwise
     level: int  # queue level, 0 = highest priority
-    arrival: float  # loop time at submission
+    arrival: float  # loop time at submission: schedules the window (uvloop's clock ticks in ms)
     seq: int
     future: asyncio.Future[Outputs]
     deadline: float | None = None  # loop time after which the queue timeout fires
     taken: int = 0  # items handed to batches so far
     finished: int = 0  # items answered so far
-    dispatched_at: float | None = None  # loop time its first items left the queue
+    arrival_mono: float = 0.0  # time.perf_counter() at submission: measures latency finer than the loop clock
+    dispatched_mono: float | None = None  # time.perf_counter() when its first items left the queue
     parts: list[tuple[int, Outputs]] = field(default_factory=list)
     expired: bool = False
     timer: asyncio.TimerHandle | None = None
