@@ -19,8 +19,9 @@ from .errors import InvalidRequest, ModelNotFound, RequestError, Unavailable
 from .metrics import RuntimeMetrics
 from .tensors import RawInput, array_from_bytes, array_from_list, check_complete, check_input
 
-#: An input as decoded from the wire: its description and raw bytes or a JSON list.
-Decoded = tuple[RawInput, "bytes | memoryview | list[Any]"]
+#: An input as decoded from the wire: its description and raw bytes, a JSON list, or the flat numeric
+#: array the JSON reader made of that list.
+Decoded = tuple[RawInput, "bytes | memoryview | list[Any] | np.ndarray"]
 
 
 @dataclass
@@ -69,7 +70,7 @@ class ModelHub:
         for raw, data in decoded:
             check_input(spec, raw, batcher.max_request_items)
             arrays[raw.name] = (
-                array_from_list(raw, data) if isinstance(data, list) else array_from_bytes(raw, data)
+                array_from_bytes(raw, data) if isinstance(data, (bytes, memoryview)) else array_from_list(raw, data)
             )
         sizes = {a.shape[0] for a in arrays.values()}
         if len(sizes) != 1:

@@ -100,8 +100,9 @@ def array_from_bytes(raw: RawInput, data: bytes | memoryview) -> np.ndarray:
 
 
 def array_from_list(raw: RawInput, data: object) -> np.ndarray:
-    """JSON `data` (flat or nested) to an array of the declared shape."""
-    if not isinstance(data, list):
+    """JSON `data` (flat or nested list, or the flat array the JSON reader made of it) to an array of the
+    declared shape."""
+    if not isinstance(data, (list, np.ndarray)):
         raise InvalidRequest(f"input {raw.name!r}: 'data' must be a list")
     count = element_count(raw.shape)
     if len(data) > count:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import simdjson
 
 from batchpilot.spec.model import ModelSpec
 
@@ -39,6 +40,62 @@ def _int_param(params: dict[str, Any], key: str) -> int | None:
     return value
 
 
+# simdjson reads a JSON array of numbers straight into a machine buffer: for a 64x64 RGB image sent as
+# JSON that halves decoding (no Python float per value). Small bodies gain nothing and take orjson.
+_SIMD_MIN_BYTES = 8192
+_BUFFER_TYPES = {"FP16": "d", "FP32": "d", "FP64": "d", "UINT64": "u"}  # other integer types read as int64
+_BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
+
+
+def load_json(text: bytes) -> Any:
+    """The body as Python objects, except that a large body's numeric input `data` arrays come back as
+    flat numpy arrays (float64/int64/uint64; converted and range-checked later, like lists)."""
+    if len(text) < _SIMD_MIN_BYTES:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    try:
+        root = simdjson.Parser().parse(bytes(text))
+    except ValueError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(root, simdjson.Object):
+        return _plain(root)
+    doc = {key: _plain(value) for key, value in root.items() if key != "inputs"}
+    inputs = root.get("inputs")
+    if isinstance(inputs, simdjson.Array):
+        doc["inputs"] = [_input_item(item) for item in inputs]
+    elif "inputs" in root:
+        doc["inputs"] = _plain(inputs)
+    return doc
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    if isinstance(value, simdjson.Array):
+        return value.as_list()
+    return value
+
+
+def _input_item(item: Any) -> Any:
+    if not isinstance(item, simdjson.Object):
+        return _plain(item)
+    out = {key: _plain(value) for key, value in item.items() if key != "data"}
+    data = item.get("data")
+    datatype = out.get("datatype")
+    if isinstance(data, simdjson.Array) and isinstance(datatype, str) and datatype in NUMPY_DTYPES and datatype != "BOOL":
+        kind = _BUFFER_TYPES.get(datatype, "i")
+        try:
+            out["data"] = np.frombuffer(data.as_buffer(of_type=kind), dtype=_BUFFER_DTYPES[kind])
+            return out
+        except (TypeError, ValueError):  # mixed or wrong-typed values: the list path names the problem
+            pass
+    if "data" in item:
+        out["data"] = _plain(data)
+    return out
+
+
 def _shape(item: dict[str, Any], name: str) -> tuple[int, ...]:
     shape = item.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
@@ -58,10 +115,7 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
         header, blob = body[:json_len], memoryview(body)[json_len:]
     else:
         header, blob = body, memoryview(b"")
-    try:
-        doc = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    doc = load_json(header)
     if not isinstance(doc, dict):
         raise InvalidRequest("request body must be a JSON object")
     items = doc.get("inputs")
