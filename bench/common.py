@@ -269,13 +269,9 @@ def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | 
             out.close()
 
 
-@contextmanager
 def batchpilot_server_logged(repository: Path, *extra: str, log: Path, env: dict[str, str] | None = None,
-                             log_level: str = "INFO") -> Iterator[tuple[int, int]]:
+                             log_level: str = "INFO"):
     """`batchpilot_server` with its log (at `log_level`, e.g. INFO for the autotune decisions) kept in `log`."""
-    http, grpc = free_port(), free_port()
-    command = pinned(SERVER_CPU, [sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve",
-                                  "--model-repository", str(repository), "--http-port", str(http),
-                                  "--grpc-port", str(grpc), "--host", "127.0.0.1", "--torch-threads", "1", *extra])
-    with process(command, f"http://127.0.0.1:{http}/v2/health/ready", env, log):
-        yield http, grpc
+    prefix = tuple(pinned(SERVER_CPU, []))
+    return serving(repository, "--torch-threads", "1", *extra, env=env, prefix=prefix, log_path=log,
+                   log_level=log_level)

@@ -105,12 +105,12 @@ def child_process(
 @contextmanager
 def serving(
     repository: Path, *extra: str, log_path: Path | None = None, env: dict[str, str] | None = None,
-    prefix: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (), log_level: str = "WARNING",
 ) -> Iterator[tuple[int, int]]:
     """Run `batchpilot serve` in a child process on free loopback ports; yields (http, grpc) ports.
     `prefix` goes before the command (e.g. taskset to pin the server to a core)."""
     http, grpc_port = free_port(), free_port()
-    command = [*prefix, sys.executable, "-m", "batchpilot", "--log-level", "WARNING", "serve", "--model-repository",
+    command = [*prefix, sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve", "--model-repository",
                str(repository), "--http-port", str(http), "--grpc-port", str(grpc_port), "--host", "127.0.0.1", *extra]
     with child_process(command, f"http://127.0.0.1:{http}/v2/health/ready", env=env, log_path=log_path):
         yield http, grpc_port
