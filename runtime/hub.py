@@ -89,7 +89,3 @@ class ModelHub:
             self.metrics.requests.labels(model=name, outcome=outcome).inc()
             raise
         return spec, await future
-
-    def mark_failed(self, name: str, error: str) -> None:
-        self.get(name).error = error
-        self.metrics.model_ready.labels(model=name).set(0)
