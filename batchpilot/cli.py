@@ -61,12 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--concurrency", type=int, default=32)
     demo.set_defaults(func=_demo)
 
-    try:
-        from batchpilot.operator.cli import add_operator_parser
-    except ImportError:  # the operator is an optional part of the package
-        pass
-    else:
-        add_operator_parser(sub)
+    from batchpilot.operator.cli import add_operator_parser
+
+    add_operator_parser(sub)
     return parser
 
 

@@ -1,5 +1,5 @@
-"""The BatchPilot operator: reconciles BatchedModel resources into KServe InferenceServices."""
+"""The BatchPilot operator: reconciles BatchedModel resources into KServe InferenceServices.
 
-from batchpilot.operator.main import build_registry, run_operator
-
-__all__ = ["build_registry", "run_operator"]
+Entry points: `batchpilot.operator.main.run_operator` and `build_registry` (kopf is imported there only,
+so that `batchpilot serve` never pays for it).
+"""
