@@ -39,6 +39,7 @@ class Soak:
     sent: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
     failures: int = 0  # connection errors: no answer at all
+    stale_retries: int = 0  # requests re-sent because their idle keep-alive connection had been closed
     latencies_s: list[float] = field(default_factory=list)
     rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the soak, MiB)
 
@@ -54,13 +55,26 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
     rng = np.random.default_rng(0)
 
     async def one(request: bytes) -> None:
-        conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", served.http)
+        reused = bool(idle)
+        conn = idle.pop() if reused else await asyncio.open_connection("127.0.0.1", served.http)
         try:
             reply = await exchange(*conn, request)
         except (ConnectionError, asyncio.IncompleteReadError):
-            result.failures += 1
             conn[1].close()
-            return
+            if not reused:
+                result.failures += 1
+                return
+            # The server closes keep-alive connections idle for over 65 s; a request written to one that
+            # was already closed never reached the server. Retry it once on a fresh connection, as HTTP
+            # clients do, and count it apart.
+            result.stale_retries += 1
+            conn = await asyncio.open_connection("127.0.0.1", served.http)
+            try:
+                reply = await exchange(*conn, request)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                result.failures += 1
+                conn[1].close()
+                return
         result.statuses[reply.status] = result.statuses.get(reply.status, 0) + 1
         if reply.status == 200:
             result.latencies_s.append(reply.seconds)
@@ -108,7 +122,7 @@ def main() -> int:
     rows = [
         ("model", args.model), ("capacity (req/s)", f"{capacity:.1f}"), ("target rate (req/s)", f"{rate:.1f}"),
         ("achieved rate (req/s)", f"{sum(result.statuses.values()) / args.duration:.1f}"),
-        ("requests sent", result.sent), ("answers by status", result.statuses), ("no answer", result.failures),
+        ("requests sent", result.sent), ("answers by status", result.statuses), ("no answer", result.failures), ("re-sent after a stale keep-alive", result.stale_retries),
         ("errors (goal 0)", result.errors),
         ("latency p50 / p99 / max (ms)", f"{np.percentile(lat, 50):.1f} / {np.percentile(lat, 99):.1f} / {lat.max():.1f}" if lat.size else "-"),
         ("RSS start / max / end (MiB)", f"{rss[0]:.0f} / {max(rss):.0f} / {rss[-1]:.0f}"),

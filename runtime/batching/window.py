@@ -14,10 +14,14 @@ class RecentWindow:
 
     def add(self, now: float, latency_s: float, items: int) -> None:
         self._samples.append((now, latency_s, items))
+        self._prune(now)
 
-    def summary(self, now: float) -> dict[str, float | None]:
+    def _prune(self, now: float) -> None:
         while self._samples and self._samples[0][0] < now - self.window_s:
             self._samples.popleft()
+
+    def summary(self, now: float) -> dict[str, float | None]:
+        self._prune(now)
         if not self._samples:
             return {"window_s": self.window_s, "p99_ms": None, "throughput_rps": 0.0, "items_per_s": 0.0}
         latencies = np.fromiter((s[1] for s in self._samples), dtype=np.float64)
