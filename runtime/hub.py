@@ -17,6 +17,7 @@ from .batching.batcher import Batcher
 from .batching.request import Outputs
 from .errors import InvalidRequest, ModelNotFound, RequestError, Unavailable
 from .metrics import RuntimeMetrics
+from .protocol.triton_config import model_config_json
 from .tensors import RawInput, array_from_bytes, array_from_list, check_complete, check_input
 
 #: An input as decoded from the wire: its description and raw bytes, a JSON list, or the flat numeric
@@ -89,3 +90,15 @@ class ModelHub:
             self.metrics.requests.labels(model=name, outcome=outcome).inc()
             raise
         return spec, await future
+
+    # -- Triton's extensions, shared by the REST and gRPC front-ends ----------------------------------------
+    def triton_config(self, name: str) -> dict[str, Any]:
+        spec, batcher = self.serving(name)
+        return model_config_json(spec, batcher.max_request_items, round(batcher.params.max_queue_delay_s * 1e6))
+
+    def triton_stats(self, name: str = "") -> list[dict[str, Any]]:
+        """One model's statistics, or every loaded model's when `name` is empty (Triton's "all models")."""
+        if not name:
+            return [m.batcher.stats.to_json(n) for n, m in self.models.items() if m.batcher is not None]
+        _, batcher = self.serving(name)
+        return [batcher.stats.to_json(name)]

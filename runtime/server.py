@@ -130,22 +130,10 @@ class BatchPilotServer(kserve.ModelServer):
         ])
         servicer = BatchPilotServicer(self.hub, self.dataplane, self.model_repository_extension)
         add_servicer(servicer, server)
-        server.add_generic_rpc_handlers((triton_extension_handler(self._triton_config, self._triton_stats),))
+        server.add_generic_rpc_handlers((triton_extension_handler(self.hub.triton_config, self.hub.triton_stats),))
         server.add_insecure_port(f"{self.options.host}:{self.options.grpc_port}")
         await server.start()
         return server
-
-    def _triton_config(self, name: str) -> dict:
-        from .protocol.triton_config import model_config_json
-
-        spec, batcher = self.hub.serving(name)
-        return model_config_json(spec, batcher.max_request_items, round(batcher.params.max_queue_delay_s * 1e6))
-
-    def _triton_stats(self, name: str) -> list[dict]:
-        if not name:
-            return [m.batcher.stats.to_json(n) for n, m in self.hub.models.items() if m.batcher is not None]
-        _, batcher = self.hub.serving(name)
-        return [batcher.stats.to_json(name)]
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()

@@ -16,7 +16,6 @@ import orjson
 from ..errors import InternalError, InvalidRequest, PayloadTooLarge, RequestError
 from ..hub import ModelHub
 from . import v1_codec, v2_codec
-from .triton_config import model_config_json
 
 log = logging.getLogger("batchpilot.rest")
 
@@ -84,7 +83,7 @@ class RestFrontend:
         if len(parts) < 3 or parts[1] != "models":
             return None
         if method == "GET" and parts[2] == "stats" and len(parts) == 3:
-            return lambda scope, receive: self._stats(None)
+            return self._all_stats
         model, rest = parts[2], parts[3:]
         if len(rest) >= 2 and rest[0] == "versions":
             rest = rest[2:]  # one version per model: accept any version segment
@@ -95,8 +94,8 @@ class RestFrontend:
         views = {
             (): lambda: model_metadata(self._spec(model)),
             ("ready",): lambda: self._model_ready(model),
-            ("config",): lambda: self._config(model),
-            ("stats",): lambda: self._stats_doc(model),
+            ("config",): lambda: self.hub.triton_config(model),
+            ("stats",): lambda: {"model_stats": self.hub.triton_stats(model)},
             ("batching",): lambda: self._batching(model),
         }
         view = views.get(tuple(rest))
@@ -128,17 +127,8 @@ class RestFrontend:
     async def _server_metadata(self, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
         return await self._json({"name": "batchpilot", "version": self.version, "extensions": SERVER_EXTENSIONS})
 
-    def _config(self, name: str) -> dict[str, Any]:
-        _, batcher = self.hub.serving(name)
-        return model_config_json(batcher.spec, batcher.max_request_items, round(batcher.params.max_queue_delay_s * 1e6))
-
-    def _stats_doc(self, name: str) -> dict[str, Any]:
-        _, batcher = self.hub.serving(name)
-        return {"model_stats": [batcher.stats.to_json(name)]}
-
-    async def _stats(self, name: str | None) -> tuple[int, bytes, dict]:
-        stats = [m.batcher.stats.to_json(n) for n, m in self.hub.models.items() if m.batcher is not None]
-        return await self._json({"model_stats": stats})
+    async def _all_stats(self, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+        return await self._json({"model_stats": self.hub.triton_stats()})
 
     def _batching(self, name: str) -> dict[str, Any]:
         _, batcher = self.hub.serving(name)
