@@ -132,3 +132,13 @@ def array_from_list(raw: RawInput, data: object) -> np.ndarray:
         )
     return array.reshape(raw.shape)
 
+
+def select_outputs(spec: ModelSpec, wanted: list[str] | None) -> list[str]:
+    """The outputs to answer with (all when none are named); an unknown name is the client's error."""
+    names = [t.name for t in spec.outputs]
+    if wanted is None:
+        return names
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise InvalidRequest(f"unknown output(s) {unknown}; model {spec.name!r} has {names}")
+    return wanted

@@ -30,7 +30,7 @@ from batchpilot.runtime.errors import RequestError
 from batchpilot.runtime.hub import HostedModel, ModelHub
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.protocol import grpc_frontend, v1_codec, v2_codec
-from batchpilot.runtime.tensors import NUMPY_DTYPES
+from batchpilot.runtime.tensors import NUMPY_DTYPES, select_outputs
 from batchpilot.spec.model import ModelSpec
 from reference import expected, nlp_inputs
 
@@ -213,7 +213,7 @@ def _limits(spec: ModelSpec) -> SimpleNamespace:
 def decode_v2(model: str, body: V2Body) -> None:
     spec = SPECS[model]
     request = v2_codec.decode(body.body, body.header_length)
-    v2_codec.select_outputs(spec, request.outputs)
+    select_outputs(spec, request.outputs)
     HUB.build_inputs(spec, _limits(spec), request.inputs)
 
 

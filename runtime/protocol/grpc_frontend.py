@@ -18,7 +18,7 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 
 from ..errors import InvalidRequest, RequestError
 from ..hub import Decoded, ModelHub
-from ..tensors import DATATYPE_OF, RawInput
+from ..tensors import DATATYPE_OF, RawInput, select_outputs
 from .grpc_tolerant import tolerant
 from .rest import SERVER_EXTENSIONS, model_metadata
 
@@ -91,11 +91,8 @@ class BatchPilotServicer(InferenceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         try:
             spec = self.hub.get(request.model_name).spec
-            wanted = [o.name for o in request.outputs] or None
-            if spec is not None and wanted:
-                unknown = [w for w in wanted if w not in {t.name for t in spec.outputs}]
-                if unknown:
-                    raise InvalidRequest(f"unknown output(s) {unknown}")
+            # Unknown outputs are refused before queueing; a model without a spec is refused by infer().
+            names = select_outputs(spec, [o.name for o in request.outputs] or None) if spec is not None else []
             spec, outputs = await self.hub.infer(
                 request.model_name, decode(request),
                 priority=_param(request.parameters, "priority") or 0,
@@ -105,7 +102,7 @@ class BatchPilotServicer(InferenceServicer):
             await self._abort(context, exc)
             raise AssertionError("unreachable")  # abort raises
         response = pb.ModelInferResponse(model_name=spec.name, model_version="1", id=request.id)
-        for name in wanted or [t.name for t in spec.outputs]:
+        for name in names:
             array = np.ascontiguousarray(outputs[name])
             response.outputs.add(name=name, datatype=DATATYPE_OF[array.dtype], shape=array.shape)
             response.raw_output_contents.append(array.tobytes())

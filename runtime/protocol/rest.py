@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from ..errors import InternalError, InvalidRequest, PayloadTooLarge, RequestError
+from ..tensors import select_outputs
 from ..hub import ModelHub
 from . import v1_codec, v2_codec
 
@@ -164,7 +165,7 @@ class RestFrontend:
                 header_length = value.decode("latin-1")
         request = v2_codec.decode(body, header_length)
         spec = self._spec(model)
-        v2_codec.select_outputs(spec, request.outputs)  # reject unknown outputs before queueing
+        select_outputs(spec, request.outputs)  # reject unknown outputs before queueing
         spec, outputs = await self.hub.infer(
             model, request.inputs, priority=request.priority, timeout_us=request.timeout_us
         )

@@ -16,7 +16,7 @@ from batchpilot.spec.model import ModelSpec
 
 from ..errors import InvalidRequest
 from ..hub import Decoded
-from ..tensors import DATATYPE_OF, NUMPY_DTYPES, RawInput
+from ..tensors import DATATYPE_OF, NUMPY_DTYPES, RawInput, select_outputs
 
 BINARY_HEADER = "inference-header-content-length"
 
@@ -167,16 +167,6 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
     elif binary_all:
         request.binary_outputs = {"*"}
     return request
-
-
-def select_outputs(spec: ModelSpec, wanted: list[str] | None) -> list[str]:
-    names = [t.name for t in spec.outputs]
-    if wanted is None:
-        return names
-    unknown = [w for w in wanted if w not in names]
-    if unknown:
-        raise InvalidRequest(f"unknown output(s) {unknown}; model {spec.name!r} has {names}")
-    return wanted
 
 
 def encode(spec: ModelSpec, request: V2Request, outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
