@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-#: Output names of the demo models (runtime/demo_models.py), per model kind.
+#: Output names of the demo models (src/batchpilot/runtime/demo_models.py), per model kind.
 OUTPUTS: dict[str, list[str]] = {"cv": ["logits"], "nlp": ["logits", "token_scores"]}
 DTYPES: dict[str, Any] = {"FP32": np.float32, "INT64": np.int64}
 
