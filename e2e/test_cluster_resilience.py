@@ -1,0 +1,121 @@
+"""The operator on a real control plane when things go wrong: the API server restarts under its watches,
+the operator itself is killed in the middle of a reconcile, and the operator is gone when a BatchedModel
+is deleted (the garbage collector must then follow the ownerReferences alone)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusterkit import ServiceProxy, alive, condition, get, maybe_get, operator
+from kmockkit import wait_for
+
+from batchpilot.devcluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(420)
+
+NAMESPACE = "default"
+
+
+def _manifest(name: str, max_batch_size: int = 8) -> str:
+    return json.dumps({
+        "apiVersion": "batchpilot.io/v1alpha1", "kind": "BatchedModel",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"resources": {"cpu": "1", "memory": "1Gi"}, "models": [{
+            "name": "cnn", "type": "cv", "storageUri": f"pvc://model-store/{name}",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+            "batching": {"maxBatchSize": max_batch_size}}]},
+    })
+
+
+def _isvcs(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
+    return [i for i in get(cluster, "isvc", "-n", NAMESPACE)["items"] if i["metadata"]["name"] == name]
+
+
+def _specs_max_batch(isvc: dict[str, Any]) -> int:
+    env = {e["name"]: e["value"] for e in isvc["spec"]["predictor"]["model"]["env"]}
+    return int(json.loads(env["BATCHPILOT_MODEL_SPECS"])[0]["batching"]["maxBatchSize"])
+
+
+def _reconciled(cluster: LocalCluster, name: str, generation: int) -> dict[str, Any] | None:
+    bm = maybe_get(cluster, "bm", name, "-n", NAMESPACE)
+    done = condition(bm, "Reconciled")
+    return bm if done.get("status") == "True" and done.get("observedGeneration") == generation else None
+
+
+def _reasons(cluster: LocalCluster, name: str) -> list[str]:
+    events = get(cluster, "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [e["reason"] for e in events if e["involvedObject"]["kind"] == "BatchedModel"]
+
+
+def test_api_server_restart_mid_watch(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
+                                      operator_kubeconfig: Path, service_proxy: ServiceProxy, tmp_path: Path) -> None:
+    name = "survivor"
+    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log") as op:
+        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
+        first = wait_for(lambda: _isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
+        wait_for(lambda: _reconciled(cluster, name, 1), "Reconciled at generation 1")
+
+        cluster.restart_apiserver(down_s=3)  # every watch and keep-alive connection breaks
+
+        assert op.proc.poll() is None, "the operator died with the API server"
+        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name, max_batch_size=4))
+        wait_for(lambda: _isvcs(cluster, name) and _specs_max_batch(_isvcs(cluster, name)[0]) == 4,
+                 "the change made after the restart to reach the InferenceService", timeout_s=120)
+        wait_for(lambda: _reconciled(cluster, name, 2), "Reconciled at generation 2", timeout_s=60)
+        children = _isvcs(cluster, name)
+        assert len(children) == 1 and children[0]["metadata"]["uid"] == first["metadata"]["uid"]
+        assert alive(op)
+        assert "DriftReverted" not in _reasons(cluster, name)
+        cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+
+
+def test_operator_killed_mid_reconcile(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
+                                       operator_kubeconfig: Path, service_proxy: ServiceProxy,
+                                       tmp_path: Path) -> None:
+    name = "interrupted"
+    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "first.log") as op:
+        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
+        # SIGKILL as soon as the child exists: the status write (and kopf's bookkeeping) has not happened yet.
+        child = wait_for(lambda: _isvcs(cluster, name), "the InferenceService", timeout_s=60, interval_s=0.02)[0]
+        op.proc.send_signal(signal.SIGKILL)
+        op.proc.wait(timeout=10)
+    assert _reconciled(cluster, name, 1) is None, "too late: the reconcile had finished before the kill"
+
+    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "second.log") as op:
+        bm = wait_for(lambda: _reconciled(cluster, name, 1), "the restarted operator to finish the reconcile",
+                      timeout_s=90)
+        children = _isvcs(cluster, name)
+        assert len(children) == 1 and children[0]["metadata"]["uid"] == child["metadata"]["uid"]
+        assert bm["status"]["inferenceService"] == name
+        assert "DriftReverted" not in _reasons(cluster, name)
+        assert alive(op)
+        cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+
+
+def test_garbage_collector_follows_owner_references(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
+                                                    operator_kubeconfig: Path, service_proxy: ServiceProxy,
+                                                    tmp_path: Path) -> None:
+    """With the operator gone (uninstalled, crashed), deleting a BatchedModel still removes everything below
+    it: the InferenceService (our ownerReference), then KServe's Deployment and pods (KServe's)."""
+    name = "orphaned"
+    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log"):
+        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
+        wait_for(lambda: _reconciled(cluster, name, 1), "Reconciled", timeout_s=60)
+        wait_for(lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE),
+                 "KServe's Deployment", timeout_s=90)
+    # The operator is stopped. Its finalizer would hold the deletion until it came back: an admin removes it.
+    bm = get(cluster, "bm", name, "-n", NAMESPACE)
+    assert bm["metadata"].get("finalizers"), "expected the operator's finalizer"
+    cluster.kubectl("patch", "bm", name, "-n", NAMESPACE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    t0 = time.monotonic()
+    cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    wait_for(lambda: not _isvcs(cluster, name), "the garbage collector to delete the InferenceService", timeout_s=90)
+    wait_for(lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE) is None,
+             "the garbage collector to delete KServe's Deployment", timeout_s=90)
+    print(f"\ngarbage collected in {time.monotonic() - t0:.1f} s")
