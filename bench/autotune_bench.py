@@ -39,7 +39,8 @@ from common import (  # noqa: E402
     BENCH_LOCK, CLIENT_CPU, ROOT, SERVER_CPU, Timeline, batchpilot_server, batchpilot_server_logged, bench_lock, closed_loop_timeline, table,
 )
 
-from batchpilot.runtime.demo import demo_requests, get_json  # noqa: E402
+from batchpilot.testing.processes import get_json  # noqa: E402
+from batchpilot.testing.requests import demo_requests  # noqa: E402
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository  # noqa: E402
 from batchpilot.runtime.repository import SPECS_ENV  # noqa: E402
 from batchpilot.spec.model import ModelSpec  # noqa: E402

@@ -19,8 +19,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from batchpilot.runtime.demo import child_process, free_port, serving
-from batchpilot.runtime.loadgen import _read_response
+from batchpilot.testing.processes import child_process, free_port, serving
+from batchpilot.testing.loadgen import _read_response
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU = "0"  # the server gets one core...
@@ -165,7 +165,7 @@ class Timeline:
 
 async def closed_loop_timeline(host: str, port: int, requests: Sequence[bytes],
                                schedule: Sequence[tuple[float, int]], seed: int = 0) -> Timeline:
-    """Closed-loop clients over keep-alive connections (as `runtime.loadgen.run_load`), recording
+    """Closed-loop clients over keep-alive connections (as `batchpilot.testing.loadgen.run_load`), recording
     every answer's completion time; `schedule` is [(seconds, clients), ...] run one after the other."""
     rng = np.random.default_rng(seed)
     done: list[float] = []
@@ -239,7 +239,7 @@ def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | 
                   ready_timeout_s: float = 300) -> Iterator[subprocess.Popen]:
     """Like `process`, for servers made of several processes: a session of its own, and on exit the
     whole tree gets SIGTERM, then SIGKILL after 30 s."""
-    from batchpilot.runtime.demo import wait_ready
+    from batchpilot.testing.processes import wait_ready
 
     out = open(log, "wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,

@@ -38,7 +38,8 @@ from common import (  # noqa: E402
 )
 
 from batchpilot import __version__ as batchpilot_version  # noqa: E402
-from batchpilot.runtime.demo import free_port, v2_binary_body  # noqa: E402
+from batchpilot.testing.processes import free_port  # noqa: E402
+from batchpilot.testing.requests import v2_binary_body  # noqa: E402
 from batchpilot.runtime.demo_models import IMAGE_SIZE, VOCAB_SIZE, build_demo_modules, write_demo_repository  # noqa: E402
 from batchpilot.runtime.repository import SPECS_ENV  # noqa: E402
 

@@ -30,8 +30,8 @@ from common import (  # noqa: E402
 )
 from models import write_bench_models  # noqa: E402
 
-from batchpilot.perfa import run_perf_analyzer  # noqa: E402
-from batchpilot.runtime.demo import perf_analyzer_token_data, v2_binary_body  # noqa: E402
+from batchpilot.testing.perfa import run_perf_analyzer  # noqa: E402
+from batchpilot.testing.requests import perf_analyzer_token_data, v2_binary_body  # noqa: E402
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository  # noqa: E402
 from batchpilot.runtime.repository import SPECS_ENV  # noqa: E402
 

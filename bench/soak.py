@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 from bench.common import bench_lock  # noqa: E402 - benchmarks on this shared machine never overlap
 from test_hardening_server import Served, exchange, server_process  # noqa: E402
 
-from batchpilot.runtime.demo import demo_requests  # noqa: E402
+from batchpilot.testing.requests import demo_requests  # noqa: E402
 from batchpilot.runtime.demo_models import write_demo_repository  # noqa: E402
-from batchpilot.runtime.loadgen import run_load  # noqa: E402
+from batchpilot.testing.loadgen import run_load  # noqa: E402
 
 RSS_EVERY_S = 5.0
 

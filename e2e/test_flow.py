@@ -41,7 +41,7 @@ from kmockkit import crd_resource, threaded_apiserver, wait_for, watched_resourc
 from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
-from batchpilot.runtime.demo import child_process, free_port, get_json
+from batchpilot.testing.processes import child_process, free_port, get_json
 from batchpilot.runtime.demo_models import IMAGE_SIZE, NUM_CLASSES, TEXT_CLASSES, VOCAB_SIZE
 
 pytestmark = pytest.mark.timeout(120)

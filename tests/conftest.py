@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 from hypothesis import settings
 
-from batchpilot.runtime.demo import serving
+from batchpilot.testing.processes import serving
 from batchpilot.runtime.demo_models import write_demo_repository
 from reference import MAX_BODY
 

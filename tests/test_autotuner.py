@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from batchpilot.runtime.autotune_model import TuningParams, delay_ladder, fit_batch_latency, predict
 from batchpilot.runtime.autotuner import Autotuner
-from batchpilot.runtime.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
+from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
 
 CPU = LinearLatency(a_s=0.4e-3, b_s=1.2e-3, noise=0.1)  # the demo CNN on one core: 0.4 ms/item + 1.2 ms

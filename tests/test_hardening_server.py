@@ -25,9 +25,10 @@ import numpy as np
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
-from batchpilot.runtime.demo import child_process, free_port, v2_binary_body, wait_ready
+from batchpilot.testing.processes import child_process, free_port, wait_ready
+from batchpilot.testing.requests import v2_binary_body
 from batchpilot.runtime.demo_models import VOCAB_SIZE, text_spec
-from batchpilot.runtime.loadgen import build_request
+from batchpilot.testing.loadgen import build_request
 from reference import assert_close, expected
 
 GRACE_S = 30  # ServerOptions.grace_period_s: the process must be gone within it after SIGTERM

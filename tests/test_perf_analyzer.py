@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.perfa import find_perf_analyzer, run_perf_analyzer
-from batchpilot.runtime.demo import perf_analyzer_token_data
+from batchpilot.testing.perfa import find_perf_analyzer, run_perf_analyzer
+from batchpilot.testing.requests import perf_analyzer_token_data
 
 pytestmark = pytest.mark.skipif(
     find_perf_analyzer() is None, reason="perf_analyzer not installed (make setup runs tools/install-perf-analyzer.sh)"

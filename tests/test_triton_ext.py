@@ -27,7 +27,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
-from batchpilot.perfa import PerfAnalyzerError, find_perf_analyzer, parse_csv_report, run_perf_analyzer
+from batchpilot.testing.perfa import PerfAnalyzerError, find_perf_analyzer, parse_csv_report, run_perf_analyzer
 from batchpilot.runtime.protocol import batchpilot_triton_pb2 as pb
 from batchpilot.runtime.protocol.triton_config import model_config_json
 from batchpilot.runtime.protocol.triton_grpc import (

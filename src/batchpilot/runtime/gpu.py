@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .metrics import RuntimeMetrics
+from batchpilot.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger("batchpilot.gpu")
 

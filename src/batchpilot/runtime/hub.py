@@ -13,12 +13,12 @@ import numpy as np
 
 from batchpilot.spec.model import ModelSpec
 
-from .batching.batcher import Batcher
-from .batching.request import Outputs
-from .errors import InvalidRequest, ModelNotFound, RequestError, Unavailable
-from .metrics import RuntimeMetrics
-from .protocol.triton_config import model_config_json
-from .tensors import RawInput, array_from_bytes, array_from_list, check_complete, check_input
+from batchpilot.runtime.batching.batcher import Batcher
+from batchpilot.runtime.batching.request import Outputs
+from batchpilot.runtime.errors import InvalidRequest, ModelNotFound, RequestError, Unavailable
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.protocol.triton_config import model_config_json
+from batchpilot.runtime.tensors import RawInput, array_from_bytes, array_from_list, check_complete, check_input
 
 #: An input as decoded from the wire: its description and raw bytes, a JSON list, or the flat numeric
 #: array the JSON reader made of that list.

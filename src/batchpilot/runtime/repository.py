@@ -78,7 +78,7 @@ def example_inputs(spec: ModelSpec, batch: int, device: torch.device) -> list[to
     if spec.type == "nlp":
         ids = torch.ones((batch, 16), dtype=torch.int64, device=device)
         return [ids, torch.ones_like(ids)]
-    from .tensors import NUMPY_DTYPES
+    from batchpilot.runtime.tensors import NUMPY_DTYPES
 
     tensors = []
     for t in spec.inputs:

@@ -22,15 +22,15 @@ from kserve.protocol.rest.server import RESTServer
 
 from batchpilot import __version__
 
-from .batching.batcher import Batcher
-from .batching.executor import Executor
-from .gpu import export_gpu_metrics
-from .hub import HostedModel, ModelHub
-from .metrics import RuntimeMetrics
-from .protocol.grpc_frontend import BatchPilotServicer, add_servicer
-from .protocol.rest import RestFrontend
-from .protocol.triton_grpc import triton_extension_handler
-from .repository import ModelEntry, load_repository, specs_from_env
+from batchpilot.runtime.batching.batcher import Batcher
+from batchpilot.runtime.batching.executor import Executor
+from batchpilot.runtime.gpu import export_gpu_metrics
+from batchpilot.runtime.hub import HostedModel, ModelHub
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.protocol.grpc_frontend import BatchPilotServicer, add_servicer
+from batchpilot.runtime.protocol.rest import RestFrontend
+from batchpilot.runtime.protocol.triton_grpc import triton_extension_handler
+from batchpilot.runtime.repository import ModelEntry, load_repository, specs_from_env
 
 log = logging.getLogger("batchpilot.server")
 GRPC_MAX_MESSAGE = 64 * 1024 * 1024

@@ -9,7 +9,7 @@ import numpy as np
 
 from batchpilot.spec.model import ModelSpec, TensorSpec
 
-from .errors import InvalidRequest, PayloadTooLarge
+from batchpilot.runtime.errors import InvalidRequest, PayloadTooLarge
 
 NUMPY_DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),

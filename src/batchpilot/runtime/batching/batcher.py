@@ -19,15 +19,15 @@ import numpy as np
 
 from batchpilot.spec.model import ModelSpec
 
-from ..autotuner import Autotuner, Decision, TuningParams
-from ..errors import DeadlineExceeded, InternalError, InvalidRequest, RequestError, Unavailable
-from ..metrics import RuntimeMetrics
-from ..stats import ModelStats
-from .executor import BatchTimings, Executor
-from .policy import BatchPolicy, LengthGroupPolicy, StackPolicy
-from .queue import BatchQueue
-from .request import Outputs, Pending, Slice
-from .window import RecentWindow
+from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
+from batchpilot.runtime.errors import DeadlineExceeded, InternalError, InvalidRequest, RequestError, Unavailable
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.stats import ModelStats
+from batchpilot.runtime.batching.executor import BatchTimings, Executor
+from batchpilot.runtime.batching.policy import BatchPolicy, LengthGroupPolicy, StackPolicy
+from batchpilot.runtime.batching.queue import BatchQueue
+from batchpilot.runtime.batching.request import Outputs, Pending, Slice
+from batchpilot.runtime.batching.window import RecentWindow
 
 log = logging.getLogger("batchpilot.batcher")
 TUNE_INTERVAL_S = 0.25

@@ -17,8 +17,8 @@ import torch
 
 from batchpilot.spec.model import ModelSpec
 
-from ..errors import InternalError, ModelFailed, RequestError
-from .request import Outputs, Slice
+from batchpilot.runtime.errors import InternalError, ModelFailed, RequestError
+from batchpilot.runtime.batching.request import Outputs, Slice
 
 log = logging.getLogger("batchpilot.executor")
 

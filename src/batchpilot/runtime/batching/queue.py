@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Hashable, Iterator
 
-from .request import Pending
+from batchpilot.runtime.batching.request import Pending
 
 
 class BatchQueue:

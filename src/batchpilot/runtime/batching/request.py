@@ -8,7 +8,7 @@ from typing import Hashable
 
 import numpy as np
 
-from ..errors import RequestError
+from batchpilot.runtime.errors import RequestError
 
 Outputs = dict[str, np.ndarray]
 

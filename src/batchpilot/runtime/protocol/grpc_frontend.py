@@ -16,11 +16,11 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 
-from ..errors import InvalidRequest, RequestError
-from ..hub import Decoded, ModelHub
-from ..tensors import DATATYPE_OF, RawInput, select_outputs
-from .grpc_tolerant import tolerant
-from .rest import SERVER_EXTENSIONS, model_metadata
+from batchpilot.runtime.errors import InvalidRequest, RequestError
+from batchpilot.runtime.hub import Decoded, ModelHub
+from batchpilot.runtime.tensors import DATATYPE_OF, RawInput, select_outputs
+from batchpilot.runtime.protocol.grpc_tolerant import tolerant
+from batchpilot.runtime.protocol.rest import SERVER_EXTENSIONS, model_metadata
 
 log = logging.getLogger("batchpilot.grpc")
 

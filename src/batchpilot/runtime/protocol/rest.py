@@ -13,10 +13,10 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from ..errors import InternalError, InvalidRequest, PayloadTooLarge, RequestError
-from ..tensors import select_outputs
-from ..hub import ModelHub
-from . import v1_codec, v2_codec
+from batchpilot.runtime.errors import InternalError, InvalidRequest, PayloadTooLarge, RequestError
+from batchpilot.runtime.tensors import select_outputs
+from batchpilot.runtime.hub import ModelHub
+from batchpilot.runtime.protocol import v1_codec, v2_codec
 
 log = logging.getLogger("batchpilot.rest")
 

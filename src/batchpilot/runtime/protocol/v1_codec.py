@@ -14,9 +14,9 @@ import orjson
 
 from batchpilot.spec.model import ModelSpec
 
-from ..errors import InvalidRequest
-from ..hub import Decoded
-from ..tensors import RawInput
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.hub import Decoded
+from batchpilot.runtime.tensors import RawInput
 
 MAX_INSTANCES = 4096
 

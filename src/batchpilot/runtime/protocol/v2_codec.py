@@ -14,9 +14,9 @@ import simdjson
 
 from batchpilot.spec.model import ModelSpec
 
-from ..errors import InvalidRequest
-from ..hub import Decoded
-from ..tensors import DATATYPE_OF, NUMPY_DTYPES, RawInput, select_outputs
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.hub import Decoded
+from batchpilot.runtime.tensors import DATATYPE_OF, NUMPY_DTYPES, RawInput, select_outputs
 
 BINARY_HEADER = "inference-header-content-length"
 
