@@ -15,7 +15,8 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from batchpilot.operator.mapping import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION, OWNER_LABEL
+from batchpilot.operator.mapping import OWNER_LABEL
+from batchpilot.spec.contracts import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION
 from batchpilot.operator.reconcile import Reconciler
 from batchpilot.spec import batchedmodel as bm
 

@@ -14,7 +14,7 @@ import kubernetes
 from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
-from batchpilot.operator.mapping import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION
+from batchpilot.spec.contracts import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION
 from batchpilot.spec import batchedmodel as bm
 
 MERGE_PATCH = "application/merge-patch+json"

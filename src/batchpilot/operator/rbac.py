@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from batchpilot.operator.mapping import ISVC_GROUP, ISVC_PLURAL
+from batchpilot.spec.contracts import ISVC_GROUP, ISVC_PLURAL
 from batchpilot.spec import batchedmodel as bm
 
 

@@ -6,7 +6,6 @@ kopf wiring is in handlers.py; API calls go through kube.Kube; events through an
 
 from __future__ import annotations
 
-import json
 import logging
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -20,21 +19,22 @@ from batchpilot.operator import status as st
 from batchpilot.operator.kube import Kube, retry_conflicts
 from batchpilot.operator.mapping import OWNER_LABEL, inference_service, unsupported
 from batchpilot.spec.batchedmodel import BatchedModelSpec
+from batchpilot.spec.contracts import ISVC_API_VERSION, ISVC_PLURAL, BatchingState
 
 logger = logging.getLogger("batchpilot.operator")
 
 #: (object, "Normal" | "Warning", reason, message) -> posts a Kubernetes event about `object`.
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
-#: (runtime base URL, model name) -> the JSON of GET {url}/v2/models/{model}/batching.
-FetchBatching = Callable[[str, str], dict[str, Any]]
+#: (runtime base URL, model name) -> GET {url}/v2/models/{model}/batching (parsed, or its JSON).
+FetchBatching = Callable[[str, str], BatchingState | dict[str, Any]]
 
 OWNED_METADATA = ("labels", "annotations", "ownerReferences")
 
 
-def fetch_batching(base_url: str, model: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The runtime's view of one model's batching (docs/design.md has the JSON shape)."""
+def fetch_batching(base_url: str, model: str, timeout_s: float = 5.0) -> BatchingState:
+    """The runtime's view of one model's batching (spec.contracts.BatchingState; docs/design.md)."""
     with urllib.request.urlopen(f"{base_url.rstrip('/')}/v2/models/{model}/batching", timeout=timeout_s) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
+        return BatchingState.model_validate_json(resp.read())
 
 
 def drift_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,7 +111,7 @@ class Reconciler:
         if not self.kube.kserve_installed():
             return spec, st.Problem(
                 "KServeMissing", "KServe is not installed: the API server does not serve "
-                "serving.kserve.io/v1beta1 inferenceservices; install KServe, the operator retries"
+                f"{ISVC_API_VERSION} {ISVC_PLURAL}; install KServe, the operator retries"
             )
         return spec, None
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchpilot.spec.batchedmodel import Condition, ModelBatchingStatus
+from batchpilot.spec.contracts import BatchingState
 
 
 #: Condition.message's maxLength in the CRD: a longer message would fail validation, status and all.
@@ -78,20 +79,19 @@ def conditions(*, generation: int | None, problem: Problem | None, isvc: dict[st
     ]
 
 
-def model_batching(name: str, payload: dict[str, Any]) -> dict[str, Any]:
+def model_batching(name: str, payload: BatchingState | dict[str, Any]) -> dict[str, Any]:
     """One model's entry of status.models from the runtime's GET /v2/models/{m}/batching."""
-    autotune = payload.get("autotune") or {}
-    recent = payload.get("recent") or {}
+    state = payload if isinstance(payload, BatchingState) else BatchingState.model_validate(payload)
     entry = ModelBatchingStatus(
         name=name,
-        max_batch_size=payload.get("max_batch_size"),
-        max_queue_delay_microseconds=payload.get("max_queue_delay_microseconds"),
-        autotune=autotune.get("enabled"),
-        latency_slo_p99_ms=autotune.get("latency_slo_p99_ms"),
-        slo_feasible=autotune.get("slo_feasible"),
-        autotune_changes=autotune.get("changes"),
-        recent_p99_ms=recent.get("p99_ms"),
-        recent_throughput_rps=recent.get("throughput_rps"),
+        max_batch_size=state.max_batch_size,
+        max_queue_delay_microseconds=state.max_queue_delay_microseconds,
+        autotune=state.autotune.enabled,
+        latency_slo_p99_ms=state.autotune.latency_slo_p99_ms,
+        slo_feasible=state.autotune.slo_feasible,
+        autotune_changes=state.autotune.changes,
+        recent_p99_ms=state.recent.p99_ms,
+        recent_throughput_rps=state.recent.throughput_rps,
         updated=now(),
     )
     return entry.model_dump(mode="json", by_alias=True, exclude_none=True)
