@@ -187,8 +187,8 @@ async def test_timeout_delay_demotes_instead_of_failing() -> None:
 
 async def test_request_timeout_may_only_lower_the_default() -> None:
     batcher = make(cv_spec(default_queue_policy={"default_timeout_microseconds": 1000}), Doubler())
-    assert batcher._timeout_s(500) == pytest.approx(0.0005)
-    assert batcher._timeout_s(5_000_000) == pytest.approx(0.001)
+    assert batcher.queue.timeout_s(500) == pytest.approx(0.0005)
+    assert batcher.queue.timeout_s(5_000_000) == pytest.approx(0.001)
 
 
 async def test_full_queue_refuses_at_once_with_retry_after() -> None:

@@ -29,7 +29,7 @@ from batchpilot.runtime.demo_models import MAX_LENGTH, image_spec, text_spec
 from batchpilot.runtime.errors import RequestError
 from batchpilot.runtime.hub import HostedModel, ModelHub
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.protocol import grpc_frontend, v1_codec, v2_codec
+from batchpilot.runtime.protocol import grpc_codec, grpc_frontend, v1_codec, v2_codec
 from batchpilot.runtime.tensors import NUMPY_DTYPES, select_outputs
 from batchpilot.spec.model import ModelSpec
 from reference import expected, nlp_inputs
@@ -225,9 +225,9 @@ def decode_v1(model: str, body: bytes) -> None:
 
 def decode_grpc(request: pb.ModelInferRequest) -> None:
     """What ModelInfer does before queueing: params, decoding, validation against the named model."""
-    grpc_frontend._param(request.parameters, "priority")
-    grpc_frontend._param(request.parameters, "timeout")
-    decoded = grpc_frontend.decode(request)
+    grpc_codec._param(request.parameters, "priority")
+    grpc_codec._param(request.parameters, "timeout")
+    decoded = grpc_codec.decode_inputs(request)
     spec = HUB.get(request.model_name).spec
     HUB.build_inputs(spec, _limits(spec), decoded)
 

@@ -29,7 +29,7 @@ from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
 from batchpilot.testing.perfa import PerfAnalyzerError, find_perf_analyzer, parse_csv_report, run_perf_analyzer
 from batchpilot.runtime.protocol import batchpilot_triton_pb2 as pb
-from batchpilot.runtime.protocol.triton_config import model_config_json
+from batchpilot.runtime.triton_config import model_config_json
 from batchpilot.runtime.protocol.triton_grpc import (
     model_config_response,
     model_statistics_response,

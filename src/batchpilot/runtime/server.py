@@ -20,8 +20,6 @@ import kserve
 import torch
 from kserve.protocol.rest.server import RESTServer
 
-from batchpilot import __version__
-
 from batchpilot.runtime.batching.batcher import Batcher
 from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.gpu import export_gpu_metrics
@@ -112,9 +110,7 @@ class BatchPilotServer(kserve.ModelServer):
         rest.create_application()
         from kserve.model_server import app as kserve_app
 
-        rest.config.app = RestFrontend(
-            self.hub, kserve_app, max_body_bytes=self.options.max_body_bytes, version=__version__
-        )
+        rest.config.app = RestFrontend(self.hub, kserve_app, max_body_bytes=self.options.max_body_bytes)
         rest.config.host = self.options.host
         logging.getLogger("uvicorn.access").disabled = True  # a log line per request costs ~20%
         rest.config.proxy_headers = False

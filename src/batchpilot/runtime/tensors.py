@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,12 +35,18 @@ class RawInput:
     shape: tuple[int, ...]
 
 
+#: An input as decoded from the wire: its description and raw bytes, a JSON list, or the flat numeric
+#: array the JSON reader made of that list.
+Decoded = tuple[RawInput, "bytes | memoryview | list[Any] | np.ndarray"]
+
+
 def element_count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
 def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
-    """Validate one input's name, datatype and shape against the model; return its spec."""
+    """Validate one input's name, datatype and shape against the model; return its spec. (What a model kind
+adds, such as a sequence length limit, is checked by the kind: see runtime/kinds.)"""
     tensor = next((t for t in spec.inputs if t.name == raw.name), None)
     if tensor is None:
         known = ", ".join(t.name for t in spec.inputs)
@@ -69,10 +76,6 @@ def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
             raise InvalidRequest(f"input {raw.name!r}: empty dimension in shape {list(shape)}")
     if element_count(shape) > MAX_ELEMENTS:
         raise PayloadTooLarge(f"input {raw.name!r}: {element_count(shape)} elements exceed the limit of {MAX_ELEMENTS}")
-    if spec.type == "nlp" and shape[1] > spec.sequence.max_length:
-        raise InvalidRequest(
-            f"input {raw.name!r}: sequence length {shape[1]} exceeds max_length {spec.sequence.max_length}"
-        )
     return tensor
 
 

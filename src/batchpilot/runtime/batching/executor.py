@@ -1,8 +1,7 @@
 """Runs batches through the model, off the event loop, and isolates the requests a model fails on.
 
-Collation differs by model type: CV batches concatenate same-shape tensors along dim 0; NLP batches
-pad token ids to the batch's longest sequence (never beyond it) with an attention mask, and per-token
-outputs are cut back to each request's own length.
+Collation and splitting belong to the model's kind (runtime/kinds): a CV batch concatenates same-shape
+tensors along dim 0; an NLP batch pads token ids to its longest sequence with an attention mask.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import torch
 from batchpilot.spec.model import ModelSpec
 
 from batchpilot.runtime.errors import InternalError, ModelFailed, RequestError
+from batchpilot.runtime.kinds import kind_for
 from batchpilot.runtime.batching.request import Outputs, Slice
 
 log = logging.getLogger("batchpilot.executor")
@@ -62,9 +62,8 @@ class Executor:
         self.module = module
         self.device = device
         self.on_out_of_memory = on_out_of_memory
+        self.kind = kind_for(spec)
         self.output_names = [t.name for t in spec.outputs]
-        # Outputs whose first per-item dim is variable follow the sequence: un-pad them per request.
-        self.per_token = {t.name for t in spec.outputs if spec.type == "nlp" and t.shape[:1] == [-1]}
         self.pin = device.type == "cuda"
 
     # -- the public entry point, run in the executor thread ------------------------------------------
@@ -122,26 +121,7 @@ class Executor:
         return tensor.to(self.device, non_blocking=True)
 
     def _collate(self, part: list[Slice], timings: BatchTimings) -> list[torch.Tensor]:
-        if self.spec.type == "nlp":
-            name = self.spec.inputs[0].name
-            rows = [s.arrays()[name] for s in part]
-            total = sum(r.shape[0] for r in rows)
-            longest = max(r.shape[1] for r in rows)
-            ids = np.full((total, longest), self.spec.sequence.pad_value, dtype=np.int64)
-            mask = np.zeros((total, longest), dtype=np.int64)
-            row = 0
-            for r in rows:
-                ids[row:row + r.shape[0], :r.shape[1]] = r
-                mask[row:row + r.shape[0], :r.shape[1]] = 1
-                row += r.shape[0]
-            timings.tokens_useful += sum(r.size for r in rows)
-            timings.tokens_computed += ids.size
-            return [self._to_device(ids), self._to_device(mask)]
-        arrays = [s.arrays() for s in part]
-        return [
-            self._to_device(arrays[0][t.name] if len(arrays) == 1 else np.concatenate([a[t.name] for a in arrays]))
-            for t in self.spec.inputs
-        ]
+        return [self._to_device(a) for a in self.kind.collate([s.arrays() for s in part], timings)]
 
     def _as_arrays(self, raw: object, batch: int) -> list[np.ndarray]:
         if isinstance(raw, torch.Tensor):
@@ -160,14 +140,4 @@ class Executor:
         return arrays
 
     def _split(self, part: list[Slice], arrays: list[np.ndarray]) -> list[Outputs]:
-        results, row = [], 0
-        for s in part:
-            out = {}
-            for name, a in zip(self.output_names, arrays):
-                piece = a[row:row + s.size]
-                if name in self.per_token:
-                    piece = piece[:, :s.request.length]
-                out[name] = piece
-            results.append(out)
-            row += s.size
-        return results
+        return self.kind.split(part, self.output_names, arrays)

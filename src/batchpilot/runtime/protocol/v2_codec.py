@@ -15,8 +15,7 @@ import simdjson
 from batchpilot.spec.model import ModelSpec
 
 from batchpilot.runtime.errors import InvalidRequest
-from batchpilot.runtime.hub import Decoded
-from batchpilot.runtime.tensors import DATATYPE_OF, NUMPY_DTYPES, RawInput, select_outputs
+from batchpilot.runtime.tensors import DATATYPE_OF, NUMPY_DTYPES, Decoded, RawInput
 
 BINARY_HEADER = "inference-header-content-length"
 
@@ -170,10 +169,11 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
 
 
 def encode(spec: ModelSpec, request: V2Request, outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    """The response body and its extra headers (binary extension when any output is binary)."""
+    """The response body and its extra headers (binary extension when any output is binary). `outputs` are
+    the ones the request asked for, in order (the hub selected them)."""
     entries, blobs = [], []
-    for name in select_outputs(spec, request.outputs):
-        array = np.ascontiguousarray(outputs[name])
+    for name, output in outputs.items():
+        array = np.ascontiguousarray(output)
         entry: dict[str, Any] = {"name": name, "datatype": DATATYPE_OF[array.dtype], "shape": list(array.shape)}
         if "*" in request.binary_outputs or name in request.binary_outputs:
             data = array.tobytes()
