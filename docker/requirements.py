@@ -6,6 +6,7 @@ package, so a code change does not re-download torch.
 """
 
 import sys
+
 import tomllib
 
 with open(sys.argv[1], "rb") as f:

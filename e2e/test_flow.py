@@ -41,8 +41,8 @@ from kmockkit import crd_resource, threaded_apiserver, wait_for, watched_resourc
 from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
-from batchpilot.testing.processes import child_process, free_port, get_json
 from batchpilot.runtime.demo_models import IMAGE_SIZE, NUM_CLASSES, TEXT_CLASSES, VOCAB_SIZE
+from batchpilot.testing.processes import child_process, free_port, get_json
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,7 +124,9 @@ def _operator(deployment: dict[str, Any], kubeconfig: Path, log: Path) -> Iterat
     """The operator as the chart's Deployment runs it (`batchpilot operator --all-namespaces --standalone
     --liveness=...`), on loopback and refreshing every second, until its liveness probe passes."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    port = next(p["containerPort"] for p in container["ports"] if p["name"] == container["livenessProbe"]["httpGet"]["port"])
+    port = next(
+        p["containerPort"] for p in container["ports"] if p["name"] == container["livenessProbe"]["httpGet"]["port"]
+    )
     liveness = f"http://127.0.0.1:{free_port()}{container['livenessProbe']['httpGet']['path']}"
     args = [a.replace(f"http://0.0.0.0:{port}", liveness.rsplit("/", 1)[0]) for a in container["args"]]
     assert f"--liveness={liveness}" in args, args
@@ -150,8 +152,12 @@ def _predictor(api: CustomObjectsApi, isvc: dict[str, Any], repository: Path, lo
     local = {"--model-repository": str(repository), "--http-port": str(http), "--grpc-port": str(grpc)}
     args = container["args"]
     assert set(local) <= set(args), args
-    command = [str(BIN / container["command"][0]), *(local.get(flag, arg) for flag, arg in zip(["", *args], args)),
-               "--host", "127.0.0.1"]
+    command = [
+        str(BIN / container["command"][0]),
+        *(local.get(flag, arg) for flag, arg in zip(["", *args], args, strict=False)),
+        "--host",
+        "127.0.0.1",
+    ]
     env = {e["name"]: e["value"] for e in container.get("env", []) + model.get("env", [])}
     ready = f"http://127.0.0.1:{http}{container['readinessProbe']['httpGet']['path']}"
     with child_process(command, ready, env=env, log_path=log):
@@ -188,9 +194,19 @@ def _matches_runtime(bm: dict[str, Any] | None, url: str) -> dict[str, Any] | No
 
 
 def _kubectl_yaml(bm: dict[str, Any]) -> str:
-    meta = {k: bm["metadata"][k] for k in ("name", "namespace", "uid", "generation", "finalizers") if k in bm["metadata"]}
-    return yaml.safe_dump({"apiVersion": bm["apiVersion"], "kind": bm["kind"], "metadata": meta,
-                           "spec": bm["spec"], "status": bm["status"]}, sort_keys=False)
+    meta = {
+        k: bm["metadata"][k] for k in ("name", "namespace", "uid", "generation", "finalizers") if k in bm["metadata"]
+    }
+    return yaml.safe_dump(
+        {
+            "apiVersion": bm["apiVersion"],
+            "kind": bm["kind"],
+            "metadata": meta,
+            "spec": bm["spec"],
+            "status": bm["status"],
+        },
+        sort_keys=False,
+    )
 
 
 @pytest.fixture()
@@ -211,8 +227,11 @@ def demo_models(tmp_path: Path) -> Iterator[Callable[[], Path]]:
 
 
 def test_flow(chart: Chart, demo_models: Callable[[], Path], tmp_path: Path) -> None:
-    resources = {**crd_resource(chart.crd), **crd_resource(_kserve_crd("inferenceservices")),
-                 **crd_resource(_kserve_crd("clusterservingruntimes"))}
+    resources = {
+        **crd_resource(chart.crd),
+        **crd_resource(_kserve_crd("inferenceservices")),
+        **crd_resource(_kserve_crd("clusterservingruntimes")),
+    }
 
     with threaded_apiserver(resources) as (server, url):
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
@@ -224,7 +243,9 @@ def test_flow(chart: Chart, demo_models: Callable[[], Path], tmp_path: Path) -> 
 
         with _operator(chart.operator, kubeconfig, tmp_path / "operator.log") as operator:
             # kmock can lose events between a watch's listing and its subscription: create after both began.
-            wait_for(lambda: {r.plural for r in watched_resources(server)} >= {BM[2], ISVC[2]}, "the operator's watches")
+            wait_for(
+                lambda: {r.plural for r in watched_resources(server)} >= {BM[2], ISVC[2]}, "the operator's watches"
+            )
             api.create_namespaced_custom_object(*BM[:2], NAMESPACE, BM[2], yaml.safe_load(MANIFEST))
 
             isvc = wait_for(lambda: _get(api, ISVC, NAME), "the InferenceService")
@@ -235,16 +256,24 @@ def test_flow(chart: Chart, demo_models: Callable[[], Path], tmp_path: Path) -> 
                 # The runtime runs the operator's specs, not the folder's config.yaml (maxBatchSize 16).
                 assert get_json(f"{runtime_url}/v2/models/resnet-mini/batching")["max_batch_size"] == 8
                 # KServe's controller reports the InferenceService Ready, with its URL.
-                api.patch_namespaced_custom_object_status(*ISVC[:2], NAMESPACE, ISVC[2], NAME, {"status": {
-                    "url": runtime_url, "conditions": [{"type": "Ready", "status": "True"}]}})
+                api.patch_namespaced_custom_object_status(
+                    *ISVC[:2],
+                    NAMESPACE,
+                    ISVC[2],
+                    NAME,
+                    {"status": {"url": runtime_url, "conditions": [{"type": "Ready", "status": "True"}]}},
+                )
 
                 with ThreadPoolExecutor(8) as pool:
-                    answered = list(pool.map(lambda i: _drive(runtime_url, ("resnet-mini", "textcls")[i % 2], 30, i),
-                                             range(8)))
+                    answered = list(
+                        pool.map(lambda i: _drive(runtime_url, ("resnet-mini", "textcls")[i % 2], 30, i), range(8))
+                    )
                 assert answered == [30] * 8
 
-                bm = wait_for(lambda: _matches_runtime(_get(api, BM, NAME), runtime_url),
-                              "status.models to show what the runtime reports")
+                bm = wait_for(
+                    lambda: _matches_runtime(_get(api, BM, NAME), runtime_url),
+                    "status.models to show what the runtime reports",
+                )
                 assert _condition(bm, "Ready") == "True" and _condition(bm, "Degraded") == "False"
                 assert bm["status"]["url"] == runtime_url and bm["status"]["modelNames"] == "resnet-mini,textcls"
                 cnn, text = bm["status"]["models"]
@@ -254,16 +283,27 @@ def test_flow(chart: Chart, demo_models: Callable[[], Path], tmp_path: Path) -> 
                 assert all(m["recentP99Ms"] > 0 and m["recentThroughputRps"] > 0 for m in (cnn, text))
 
                 api.delete_namespaced_custom_object(*BM[:2], NAMESPACE, BM[2], NAME)
-                wait_for(lambda: not api.list_cluster_custom_object(*BM[:2], BM[2])["items"]
-                         and not api.list_cluster_custom_object(*ISVC[:2], ISVC[2])["items"],
-                         "the BatchedModel and its InferenceService gone")
+                wait_for(
+                    lambda: (
+                        not api.list_cluster_custom_object(*BM[:2], BM[2])["items"]
+                        and not api.list_cluster_custom_object(*ISVC[:2], ISVC[2])["items"]
+                    ),
+                    "the BatchedModel and its InferenceService gone",
+                )
             events = CoreV1Api(client)
-            wait_for(lambda: {"Created", "Ready", "Deleted"} <= {e.reason for e in events.list_namespaced_event(NAMESPACE).items},
-                     "the operator's events: Created, Ready, Deleted")
+            wait_for(
+                lambda: (
+                    {"Created", "Ready", "Deleted"} <= {e.reason for e in events.list_namespaced_event(NAMESPACE).items}
+                ),
+                "the operator's events: Created, Ready, Deleted",
+            )
         client.close()
     assert operator.returncode == 0, f"the operator did not stop cleanly on SIGTERM ({operator.returncode})"
     # Structured logs: every line the operator wrote is a JSON object.
     lines = (tmp_path / "operator.log").read_text().splitlines()
     assert lines and all(isinstance(json.loads(line), dict) for line in lines)
 
-    print("\n$ kubectl get batchedmodel demo -o yaml   # before the delete; kopf's annotations left out\n" + _kubectl_yaml(bm))
+    print(
+        "\n$ kubectl get batchedmodel demo -o yaml   # before the delete; kopf's annotations left out\n"
+        + _kubectl_yaml(bm)
+    )

@@ -38,7 +38,10 @@ class TabularKind(StackedKind):
 
     def v1_groups(self, per_input: dict[str, list[Any]]) -> list[list[Decoded]]:
         return [
-            [(RawInput(t.name, t.datatype, (1, len(row))), [row]) for t, row in zip(self.spec.inputs, rows, strict=True)]
+            [
+                (RawInput(t.name, t.datatype, (1, len(row))), [row])
+                for t, row in zip(self.spec.inputs, rows, strict=True)
+            ]
             for rows in zip(*(per_input[t.name] for t in self.spec.inputs), strict=True)
         ]
 
@@ -48,12 +51,15 @@ kinds.register(TabularKind.name, TabularKind)  # the one registry line
 
 def tabular_spec() -> ModelSpec:
     # `type` is a closed set in the CRD (cv, nlp): a test kind is named on a validated spec's copy.
-    spec = ModelSpec.model_validate({
-        "name": "credit", "type": "cv",
-        "inputs": [{"name": "features", "datatype": "FP32", "shape": [3]}],
-        "outputs": [{"name": "score", "datatype": "FP32", "shape": [1]}],
-        "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 20_000},
-    })
+    spec = ModelSpec.model_validate(
+        {
+            "name": "credit",
+            "type": "cv",
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": [3]}],
+            "outputs": [{"name": "score", "datatype": "FP32", "shape": [1]}],
+            "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 20_000},
+        }
+    )
     return spec.model_copy(update={"type": "tabular"})
 
 
@@ -68,11 +74,14 @@ class Score(torch.nn.Module):
 
 
 def test_registry_picks_the_kind_by_type() -> None:
-    cv = ModelSpec.model_validate({
-        "name": "img", "type": "cv",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, -1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}],
-    })
+    cv = ModelSpec.model_validate(
+        {
+            "name": "img",
+            "type": "cv",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, -1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}],
+        }
+    )
     nlp = cv.model_copy(update={"type": "nlp"})
     assert isinstance(kinds.kind_for(cv), kinds.CvKind)
     assert isinstance(kinds.kind_for(cv).batch_policy(), StackPolicy)
@@ -101,11 +110,14 @@ async def test_tabular_kind_is_served_through_the_batcher() -> None:
 
 
 def test_nlp_kind_refuses_sequences_over_max_length() -> None:
-    spec = ModelSpec.model_validate({
-        "name": "tok", "type": "nlp",
-        "inputs": [{"name": "ids", "datatype": "INT64", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}],
-        "sequence": {"max_length": 4},
-    })
+    spec = ModelSpec.model_validate(
+        {
+            "name": "tok",
+            "type": "nlp",
+            "inputs": [{"name": "ids", "datatype": "INT64", "shape": [-1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}],
+            "sequence": {"max_length": 4},
+        }
+    )
     with pytest.raises(InvalidRequest, match="exceeds max_length"):
         kinds.kind_for(spec).check_input(RawInput("ids", "INT64", (1, 5)))

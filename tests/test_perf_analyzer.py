@@ -25,7 +25,12 @@ def test_perf_analyzer_runs_clean(server, tmp_path: Path, model: str, protocol: 
     # Stability is a benchmark's concern (a busy CI machine may not reach it); any failed request makes
     # perf_analyzer exit non-zero, which run_perf_analyzer raises on.
     rows = run_perf_analyzer(
-        model, f"127.0.0.1:{port}", protocol, concurrency_range="2:8:6", extra_args=[*data, *QUICK], timeout=240,
+        model,
+        f"127.0.0.1:{port}",
+        protocol,
+        concurrency_range="2:8:6",
+        extra_args=[*data, *QUICK],
+        timeout=240,
         require_stable=False,
     )
     assert rows and {row["concurrency"] for row in rows} <= {2, 8}

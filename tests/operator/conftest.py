@@ -25,6 +25,7 @@ KSERVE_CRDS = ROOT.parent / "shared" / "kserve-crds"
 
 # ---------------------------------------------------------------------------------------- schemas
 
+
 def served_schema(crd: dict[str, Any]) -> dict[str, Any]:
     """The openAPIV3Schema of a CRD's storage version."""
     version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
@@ -123,6 +124,7 @@ def examples() -> dict[str, dict[str, Any]]:
 
 # ----------------------------------------------------------------------------------- kmock server
 
+
 @pytest.fixture(scope="session")
 def kserve_crd() -> dict[str, Any]:
     path = KSERVE_CRDS / "serving.kserve.io_inferenceservices.yaml"
@@ -138,8 +140,13 @@ def kserve_installed() -> bool:
 
 
 @pytest.fixture()
-async def apiserver(kserve_installed: bool, crd: dict[str, Any], kserve_crd: dict[str, Any], tmp_path: Path,
-                    monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ApiServer]:
+async def apiserver(
+    kserve_installed: bool,
+    crd: dict[str, Any],
+    kserve_crd: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[ApiServer]:
     """A kmock API server on loopback serving BatchedModels (and InferenceServices when KServe is
     installed), with KUBECONFIG pointing at it (for kopf and our client)."""
     resources = {**crd_resource(crd), **(crd_resource(kserve_crd) if kserve_installed else {})}

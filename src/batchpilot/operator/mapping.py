@@ -34,8 +34,12 @@ _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{bm.API_GROUP}/{bm.API_VERSION}", "kind": bm.KIND, "name": name, "uid": uid,
-        "controller": True, "blockOwnerDeletion": True,
+        "apiVersion": f"{bm.API_GROUP}/{bm.API_VERSION}",
+        "kind": bm.KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
 
 
@@ -72,9 +76,7 @@ def inference_service(name: str, namespace: str, uid: str, spec: BatchedModelSpe
                 "minReplicas": spec.replicas.min,
                 "maxReplicas": spec.replicas.max,
                 # One download per model, each into its own subfolder of the runtime's model repository.
-                "storageUris": [
-                    {"uri": m.storage_uri, "mountPath": f"{MODEL_ROOT}/{m.name}"} for m in spec.models
-                ],
+                "storageUris": [{"uri": m.storage_uri, "mountPath": f"{MODEL_ROOT}/{m.name}"} for m in spec.models],
                 "model": {
                     "modelFormat": {"name": MODEL_FORMAT},
                     "runtime": spec.runtime,

@@ -70,7 +70,7 @@ def _readable(error: ValidationError, limit: int = 10) -> str:
 def _applied_generation(body: Mapping[str, Any]) -> int | None:
     """The generation the status says was applied (Reconciled True), else None."""
     conds = (body.get("status") or {}).get("conditions", [])
-    done = next((c for c in conds if c.get("type") == "Reconciled" and c.get("status") == "True"), {})
+    done: dict[str, Any] = next((c for c in conds if c.get("type") == "Reconciled" and c.get("status") == "True"), {})
     return done.get("observedGeneration")
 
 
@@ -110,8 +110,9 @@ class Reconciler:
             return spec, st.Problem("Unsupported", "; ".join(problems))
         if not self.kube.kserve_installed():
             return spec, st.Problem(
-                "KServeMissing", "KServe is not installed: the API server does not serve "
-                f"{ISVC_API_VERSION} {ISVC_PLURAL}; install KServe, the operator retries"
+                "KServeMissing",
+                "KServe is not installed: the API server does not serve "
+                f"{ISVC_API_VERSION} {ISVC_PLURAL}; install KServe, the operator retries",
             )
         return spec, None
 
@@ -133,18 +134,28 @@ class Reconciler:
         patched = self.kube.patch_inference_service(ns, name, patch)
         generation = body["metadata"].get("generation")
         if _applied_generation(body) == generation:
-            self.emit(body, "Warning", "DriftReverted",
-                      f"InferenceService {name} was changed by hand; restored {sorted(_paths(patch))}")
+            self.emit(
+                body,
+                "Warning",
+                "DriftReverted",
+                f"InferenceService {name} was changed by hand; restored {sorted(_paths(patch))}",
+            )
         else:
             self.emit(body, "Normal", "Updated", f"InferenceService {name} updated to generation {generation}")
         return patched
 
-    def _write_status(self, body: Mapping[str, Any], spec: BatchedModelSpec | None, problem: st.Problem | None,
-                      isvc: dict[str, Any] | None) -> None:
+    def _write_status(
+        self,
+        body: Mapping[str, Any],
+        spec: BatchedModelSpec | None,
+        problem: st.Problem | None,
+        isvc: dict[str, Any] | None,
+    ) -> None:
         meta = body["metadata"]
         old = dict(body.get("status") or {})
-        conds = st.conditions(generation=meta.get("generation"), problem=problem, isvc=isvc,
-                              previous=old.get("conditions", []))
+        conds = st.conditions(
+            generation=meta.get("generation"), problem=problem, isvc=isvc, previous=old.get("conditions", [])
+        )
         url, _ = st.isvc_urls(isvc)
         new = {
             "observedGeneration": meta.get("generation"),
@@ -167,7 +178,11 @@ class Reconciler:
             if cond["type"] == "Ready" and flipped and (cond["status"] == "True" or prev.get("status") == "True"):
                 kind = "Normal" if cond["status"] == "True" else "Warning"
                 self.emit(body, kind, "Ready" if cond["status"] == "True" else "NotReady", cond["message"])
-            if cond["type"] == "Degraded" and cond["status"] == "True" and (flipped or prev.get("reason") != cond["reason"]):
+            if (
+                cond["type"] == "Degraded"
+                and cond["status"] == "True"
+                and (flipped or prev.get("reason") != cond["reason"])
+            ):
                 self.emit(body, "Warning", cond["reason"], cond["message"])
 
     # ------------------------------------------------------------------ children

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from batchpilot.spec.batchedmodel import Condition, ModelBatchingStatus
 from batchpilot.spec.contracts import BatchingState
-
 
 #: Condition.message's maxLength in the CRD: a longer message would fail validation, status and all.
 MAX_MESSAGE = next(m.max_length for m in Condition.model_fields["message"].metadata if hasattr(m, "max_length"))
@@ -45,21 +44,29 @@ def isvc_urls(isvc: dict[str, Any] | None) -> tuple[str | None, str | None]:
     return public, internal
 
 
-def _condition(type_: str, ok: bool, reason: str, message: str, generation: int | None,
-               previous: list[dict[str, Any]]) -> dict[str, Any]:
-    status = "True" if ok else "False"
+def _condition(
+    type_: str, ok: bool, reason: str, message: str, generation: int | None, previous: list[dict[str, Any]]
+) -> dict[str, Any]:
+    status: Literal["True", "False"] = "True" if ok else "False"
     before = next((c for c in previous if c.get("type") == type_), {})
     # The transition time moves only when the status flips (as metav1.Condition prescribes).
     since = before.get("lastTransitionTime") if before.get("status") == status else None
     if len(message) > MAX_MESSAGE:
-        message = message[:MAX_MESSAGE - 3] + "..."
-    cond = Condition(type=type_, status=status, reason=reason, message=message,
-                     last_transition_time=since or now(), observed_generation=generation)
+        message = message[: MAX_MESSAGE - 3] + "..."
+    cond = Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since or now(),
+        observed_generation=generation,
+    )
     return cond.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def conditions(*, generation: int | None, problem: Problem | None, isvc: dict[str, Any] | None,
-               previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def conditions(
+    *, generation: int | None, problem: Problem | None, isvc: dict[str, Any] | None, previous: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Ready, Reconciled and Degraded for one observation."""
     ready, why = isvc_ready(isvc)
     if problem is not None:
@@ -71,11 +78,22 @@ def conditions(*, generation: int | None, problem: Problem | None, isvc: dict[st
         ready_reason, ready_msg = "InferenceServiceNotReady", why
     return [
         _condition("Ready", ready, ready_reason, ready_msg, generation, previous),
-        _condition("Reconciled", problem is None, "Applied" if problem is None else problem.reason,
-                   "the InferenceService matches the spec" if problem is None else problem.message,
-                   generation, previous),
-        _condition("Degraded", problem is not None, "AsExpected" if problem is None else problem.reason,
-                   "" if problem is None else problem.message, generation, previous),
+        _condition(
+            "Reconciled",
+            problem is None,
+            "Applied" if problem is None else problem.reason,
+            "the InferenceService matches the spec" if problem is None else problem.message,
+            generation,
+            previous,
+        ),
+        _condition(
+            "Degraded",
+            problem is not None,
+            "AsExpected" if problem is None else problem.reason,
+            "" if problem is None else problem.message,
+            generation,
+            previous,
+        ),
     ]
 
 

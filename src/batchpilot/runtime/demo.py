@@ -17,7 +17,8 @@ from batchpilot.testing.requests import demo_requests
 def release_reasons(port: int, model: str) -> dict[str, int]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    pattern = re.compile(r'batchpilot_batch_release_total\{model="%s",reason="(\w+)"\} ([0-9.e+]+)' % re.escape(model))
+    series = rf'batchpilot_batch_release_total\{{model="{re.escape(model)}",reason="(\w+)"\}}'
+    pattern = re.compile(series + r" ([0-9.e+]+)")
     return {reason: int(float(n)) for reason, n in pattern.findall(text)}
 
 
@@ -45,17 +46,24 @@ def run_demo(duration_s: float = 8.0, concurrency: int = 32) -> int:
                 for model in models:
                     result = measure(port, model, concurrency, duration_s)
                     state = get_json(f"http://127.0.0.1:{port}/v2/models/{model}/batching")
-                    rows.append((model, mode, result, mean_batch_size(port, model), release_reasons(port, model), state))
+                    rows.append(
+                        (model, mode, result, mean_batch_size(port, model), release_reasons(port, model), state)
+                    )
                     print(f"  {model:12s} {mode:12s} {result.throughput:7.1f} req/s", flush=True)
     print()
     print(f"{concurrency} concurrent clients, {duration_s:.0f} s per run, v2 REST binary tensors, one item per request")
-    header = f"{'model':12s} {'mode':12s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>6s} {'mean batch':>10s}  tuned (size, delay)  release reasons"
+    header = (
+        f"{'model':12s} {'mode':12s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>6s} {'mean batch':>10s}"
+        "  tuned (size, delay)  release reasons"
+    )
     print(header)
     print("-" * len(header))
     for model, mode, r, batch, reasons, state in rows:
         tuned = f"{state['max_batch_size']}, {state['max_queue_delay_microseconds']} us"
-        print(f"{model:12s} {mode:12s} {r.throughput:8.1f} {r.percentile_ms(50):8.2f} {r.percentile_ms(99):8.2f} "
-              f"{r.errors:6d} {batch:10.2f}  {tuned:20s} {reasons}")
+        print(
+            f"{model:12s} {mode:12s} {r.throughput:8.1f} {r.percentile_ms(50):8.2f} {r.percentile_ms(99):8.2f} "
+            f"{r.errors:6d} {batch:10.2f}  {tuned:20s} {reasons}"
+        )
     print()
     for model in models:
         on = next(r for m, mode, r, *_ in rows if m == model and mode == "batching")

@@ -12,7 +12,7 @@ log = logging.getLogger("batchpilot.gpu")
 
 async def export_gpu_metrics(metrics: RuntimeMetrics, interval_s: float = 5.0) -> None:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # no NVML: nothing to export

@@ -97,8 +97,11 @@ class ModelHub:
     def model_metadata(self, name: str) -> dict[str, Any]:
         spec = self.spec(name)
         return {
-            "name": spec.name, "versions": ["1"], "platform": "pytorch_libtorch",
-            "inputs": _tensor_metadata(spec.inputs), "outputs": _tensor_metadata(spec.outputs),
+            "name": spec.name,
+            "versions": ["1"],
+            "platform": "pytorch_libtorch",
+            "inputs": _tensor_metadata(spec.inputs),
+            "outputs": _tensor_metadata(spec.outputs),
         }
 
     @property
@@ -132,7 +135,12 @@ class ModelHub:
         return {t.name: arrays[t.name] for t in spec.inputs}
 
     async def infer(
-        self, name: str, decoded: Sequence[Decoded], *, outputs: list[str] | None = None, priority: int = 0,
+        self,
+        name: str,
+        decoded: Sequence[Decoded],
+        *,
+        outputs: list[str] | None = None,
+        priority: int = 0,
         timeout_us: int | None = None,
     ) -> tuple[ModelSpec, Outputs]:
         """Run one request; the answer holds the requested outputs (all when none are named), in that order.

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import yaml
@@ -89,7 +89,9 @@ def warm_up(spec: ModelSpec, module: Callable[..., object], device: torch.device
         raise ModelLoadError(f"model {spec.name!r} failed its warm-up call: {exc}") from None
 
 
-def load_repository(root: Path, device: torch.device, overrides: dict[str, ModelSpec] | None = None) -> list[ModelEntry]:
+def load_repository(
+    root: Path, device: torch.device, overrides: dict[str, ModelSpec] | None = None
+) -> list[ModelEntry]:
     overrides = overrides or {}
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a directory")

@@ -23,7 +23,24 @@ from batchpilot.spec.model import (
 )
 
 __all__ = [
-    "SPECS_ENV", "WEIGHT_FILES", "AutotuneBounds", "AutotuneState", "BatchingState", "RecentState", "AutotuneSpec", "BatchedModelEntry", "BatchedModelSpec", "BatchedModelStatus",
-    "BatchingSpec", "Condition", "ModelBatchingStatus", "ModelSpec", "QueuePolicy", "ReplicaRange",
-    "RuntimeResources", "SequenceSpec", "SpecModel", "TensorSpec",
+    "SPECS_ENV",
+    "WEIGHT_FILES",
+    "AutotuneBounds",
+    "AutotuneSpec",
+    "AutotuneState",
+    "BatchedModelEntry",
+    "BatchedModelSpec",
+    "BatchedModelStatus",
+    "BatchingSpec",
+    "BatchingState",
+    "Condition",
+    "ModelBatchingStatus",
+    "ModelSpec",
+    "QueuePolicy",
+    "RecentState",
+    "ReplicaRange",
+    "RuntimeResources",
+    "SequenceSpec",
+    "SpecModel",
+    "TensorSpec",
 ]

@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict
 
 SPECS_ENV = "BATCHPILOT_MODEL_SPECS"
 
-WEIGHT_FILES: dict[Literal["torchscript", "torch_export"], str] = {"torchscript": "model.pt", "torch_export": "model.pt2"}
+WEIGHT_FILES: dict[Literal["torchscript", "torch_export"], str] = {
+    "torchscript": "model.pt",
+    "torch_export": "model.pt2",
+}
 
 ISVC_GROUP = "serving.kserve.io"
 ISVC_VERSION = "v1beta1"

@@ -41,7 +41,7 @@ def child_process(
     command: list[str], ready_url: str, *, env: dict[str, str] | None = None, log_path: Path | None = None
 ) -> Iterator[subprocess.Popen]:
     """Run a server as a child process until `ready_url` answers 200; SIGTERM it (then kill) afterwards."""
-    log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 (closed below, after the child)
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
         wait_ready(ready_url, timeout_s=180, proc=proc)
@@ -52,20 +52,40 @@ def child_process(
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-        if log_path:
+        if not isinstance(log, int):
             log.close()
 
 
 @contextmanager
 def serving(
-    repository: Path, *extra: str, log_path: Path | None = None, env: dict[str, str] | None = None,
-    prefix: tuple[str, ...] = (), log_level: str = "WARNING",
+    repository: Path,
+    *extra: str,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+    log_level: str = "WARNING",
 ) -> Iterator[tuple[int, int]]:
     """Run `batchpilot serve` in a child process on free loopback ports; yields (http, grpc) ports.
     `prefix` goes before the command (e.g. taskset to pin the server to a core)."""
     http, grpc_port = free_port(), free_port()
-    command = [*prefix, sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve", "--model-repository",
-               str(repository), "--http-port", str(http), "--grpc-port", str(grpc_port), "--host", "127.0.0.1", *extra]
+    command = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "batchpilot",
+        "--log-level",
+        log_level,
+        "serve",
+        "--model-repository",
+        str(repository),
+        "--http-port",
+        str(http),
+        "--grpc-port",
+        str(grpc_port),
+        "--host",
+        "127.0.0.1",
+        *extra,
+    ]
     with child_process(command, f"http://127.0.0.1:{http}/v2/health/ready", env=env, log_path=log_path):
         yield http, grpc_port
 

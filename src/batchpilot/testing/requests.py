@@ -14,12 +14,23 @@ from batchpilot.testing.loadgen import build_request
 def v2_binary_body(name: str, datatype: str, array: np.ndarray, outputs: list[str]) -> tuple[bytes, dict[str, str]]:
     """A v2 infer request in the binary tensor extension (binary outputs too)."""
     data = np.ascontiguousarray(array).tobytes()
-    header = json.dumps({
-        "inputs": [{"name": name, "datatype": datatype, "shape": list(array.shape),
-                    "parameters": {"binary_data_size": len(data)}}],
-        "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs],
-    }).encode()
-    return header + data, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "datatype": datatype,
+                    "shape": list(array.shape),
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ],
+            "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs],
+        }
+    ).encode()
+    return header + data, {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
 
 
 def demo_requests(model: str, host: str, count: int = 64, seed: int = 0) -> list[bytes]:
@@ -27,6 +38,7 @@ def demo_requests(model: str, host: str, count: int = 64, seed: int = 0) -> list
     rng = np.random.default_rng(seed)
     requests = []
     for _ in range(count):
+        array: np.ndarray
         if model == "resnet-mini":
             array = rng.standard_normal((1, 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32)
             body, headers = v2_binary_body("image", "FP32", array, ["logits"])

@@ -40,7 +40,12 @@ TUNE_INTERVAL_S = 0.25
 
 class Batcher:
     def __init__(
-        self, spec: ModelSpec, executor: Executor, metrics: RuntimeMetrics, *, batching: bool = True,
+        self,
+        spec: ModelSpec,
+        executor: Executor,
+        metrics: RuntimeMetrics,
+        *,
+        batching: bool = True,
         hang_timeout_s: float = 60.0,
     ) -> None:
         self.spec = spec
@@ -55,9 +60,7 @@ class Batcher:
         self.recent = RecentWindow()
         self.tuner = make_tuner(spec, batching)
         self._metrics = MetricsObserver(metrics, spec.name)
-        self.observers = Observers(
-            [StatsObserver(self.stats), self._metrics, RecentObserver(self.recent), self.tuner]
-        )
+        self.observers = Observers([StatsObserver(self.stats), self._metrics, RecentObserver(self.recent), self.tuner])
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{spec.name}")
         self.executor.on_out_of_memory = self._on_out_of_memory
         self._seq = itertools.count()
@@ -128,9 +131,14 @@ class Batcher:
         self.queue.check_room(self._compute_ewma_s / max(1, self.params.max_batch_size))
         first = next(iter(inputs.values()))
         request = Pending(
-            inputs=inputs, n=first.shape[0], key=self.kind.request_key(inputs),
-            length=self.kind.request_length(inputs), level=self.queue.level(priority),
-            arrival=self.loop.time(), arrival_mono=time.perf_counter(), seq=next(self._seq),
+            inputs=inputs,
+            n=first.shape[0],
+            key=self.kind.request_key(inputs),
+            length=self.kind.request_length(inputs),
+            level=self.queue.level(priority),
+            arrival=self.loop.time(),
+            arrival_mono=time.perf_counter(),
+            seq=next(self._seq),
             future=self.loop.create_future(),
         )
         self.queue.enqueue(request, self.loop, self.queue.timeout_s(timeout_us))
@@ -172,8 +180,14 @@ class Batcher:
             self.observers.queue_depth(len(self.queue))
             self.observers.released(reason, slices)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("model %s: released %d items in %d slices (%s), %d requests still queued",
-                          self.spec.name, sum(s.size for s in slices), len(slices), reason, len(self.queue))
+                log.debug(
+                    "model %s: released %d items in %d slices (%s), %d requests still queued",
+                    self.spec.name,
+                    sum(s.size for s in slices),
+                    len(slices),
+                    reason,
+                    len(self.queue),
+                )
             self._busy = True
             self.loop.create_task(self._execute(slices))
 
@@ -242,10 +256,15 @@ class Batcher:
         """Fail the hung batch and everything queued behind it; refuse new work until the model returns."""
         self.hung = True
         self.observers.health(False)
-        log.error("model %s: batch of %d items still running after %.1f s; marking it unavailable",
-                  self.spec.name, sum(s.size for s in slices), self.hang_timeout_s)
-        error = Unavailable(f"model {self.spec.name!r} hangs: batch still running after {self.hang_timeout_s:.1f} s",
-                            retry_after_s=5.0)
+        log.error(
+            "model %s: batch of %d items still running after %.1f s; marking it unavailable",
+            self.spec.name,
+            sum(s.size for s in slices),
+            self.hang_timeout_s,
+        )
+        error = Unavailable(
+            f"model {self.spec.name!r} hangs: batch still running after {self.hang_timeout_s:.1f} s", retry_after_s=5.0
+        )
         stuck = {s.request for s in slices} | set(self.queue.clear())
         for request in stuck:
             if not request.future.done():

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
 
-from batchpilot.spec.model import ModelSpec
-
+from batchpilot.runtime.batching.request import Outputs, Slice
 from batchpilot.runtime.errors import InternalError, ModelFailed, RequestError
 from batchpilot.runtime.kinds import kind_for
-from batchpilot.runtime.batching.request import Outputs, Slice
+from batchpilot.spec.model import ModelSpec
 
 log = logging.getLogger("batchpilot.executor")
 
@@ -73,9 +72,7 @@ class Executor:
         self._run_isolated(slices, list(range(len(slices))), results, timings)
         return results, timings
 
-    def _run_isolated(
-        self, slices: list[Slice], index: list[int], results: list, timings: BatchTimings
-    ) -> None:
+    def _run_isolated(self, slices: list[Slice], index: list[int], results: list, timings: BatchTimings) -> None:
         part = [slices[i] for i in index]
         try:
             outputs = self._forward(part, timings)
@@ -94,7 +91,7 @@ class Executor:
             self._run_isolated(slices, index[:half], results, timings)
             self._run_isolated(slices, index[half:], results, timings)
             return
-        for i, out in zip(index, outputs):
+        for i, out in zip(index, outputs, strict=False):
             results[i] = out
 
     # -- one model call ---------------------------------------------------------------------------
@@ -129,11 +126,11 @@ class Executor:
         elif isinstance(raw, dict):
             tensors = [raw[name] for name in self.output_names]
         else:
-            tensors = list(raw)  # tuple or list, in the order of the spec's outputs
+            tensors = list(raw)  # type: ignore[call-overload]  # tuple or list, in the order of the spec's outputs
         if len(tensors) != len(self.output_names):
             raise InternalError(f"model returned {len(tensors)} outputs, config declares {len(self.output_names)}")
         arrays = []
-        for name, t in zip(self.output_names, tensors):
+        for name, t in zip(self.output_names, tensors, strict=False):
             if t.dim() == 0 or t.shape[0] != batch:
                 raise RuntimeError(f"output {name!r} has shape {list(t.shape)}, expected batch {batch} first")
             arrays.append(t.detach().cpu().numpy())

@@ -47,8 +47,9 @@ class BatchObserver:
     def batch_done(self, timings: BatchTimings) -> None:
         pass
 
-    def finished(self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings,
-                 now: float) -> None:
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
         """`now` is the loop's clock (what the recent window counts in)."""
 
     def dropped(self, request: Pending, outcome: str) -> None:
@@ -90,8 +91,9 @@ class Observers(BatchObserver):
         for o in self.observers:
             o.batch_done(timings)
 
-    def finished(self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings,
-                 now: float) -> None:
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
         for o in self.observers:
             o.finished(request, outcome, queued_s, total_s, timings, now)
 
@@ -121,13 +123,17 @@ class StatsObserver(BatchObserver):
     def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
         self.stats.record_execution(size, int(input_s * NS), int(infer_s * NS), int(output_s * NS))
 
-    def finished(self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings,
-                 now: float) -> None:
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
         if outcome != "success":
             self.stats.record_failure(int(total_s * NS))
             return
         self.stats.record_success(
-            int(queued_s * NS), int(timings.input_s * NS), int(timings.infer_s * NS), int(timings.output_s * NS),
+            int(queued_s * NS),
+            int(timings.input_s * NS),
+            int(timings.infer_s * NS),
+            int(timings.output_s * NS),
             int(total_s * NS),
         )
 
@@ -138,8 +144,9 @@ class RecentObserver(BatchObserver):
     def __init__(self, window: RecentWindow) -> None:
         self.window = window
 
-    def finished(self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings,
-                 now: float) -> None:
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
         if outcome == "success":
             self.window.add(now, total_s, request.n)
 
@@ -152,10 +159,19 @@ class MetricsObserver(BatchObserver):
         self.model = model
         m = metrics
         labelled: dict[str, Any] = {
-            "queue_wait": m.queue_wait, "compute": m.compute, "latency": m.latency, "batch_size": m.batch_size,
-            "depth": m.queue_depth, "max_batch": m.max_batch_size, "max_delay": m.max_queue_delay,
-            "slo": m.latency_slo, "changes": m.autotune_changes, "feasible": m.slo_feasible,
-            "padding": m.padding_efficiency, "tok_useful": m.tokens_useful, "tok_computed": m.tokens_computed,
+            "queue_wait": m.queue_wait,
+            "compute": m.compute,
+            "latency": m.latency,
+            "batch_size": m.batch_size,
+            "depth": m.queue_depth,
+            "max_batch": m.max_batch_size,
+            "max_delay": m.max_queue_delay,
+            "slo": m.latency_slo,
+            "changes": m.autotune_changes,
+            "feasible": m.slo_feasible,
+            "padding": m.padding_efficiency,
+            "tok_useful": m.tokens_useful,
+            "tok_computed": m.tokens_computed,
             "ready": m.model_ready,
         }
         self._m = {name: metric.labels(model=model) for name, metric in labelled.items()}
@@ -179,8 +195,9 @@ class MetricsObserver(BatchObserver):
             self._m["tok_computed"].inc(timings.tokens_computed)
             self._m["padding"].set(timings.tokens_useful / timings.tokens_computed)
 
-    def finished(self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings,
-                 now: float) -> None:
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
         if outcome == "success":
             self._m["queue_wait"].observe(queued_s)
             self._m["latency"].observe(total_s)

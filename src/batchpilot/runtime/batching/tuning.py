@@ -65,8 +65,9 @@ class AutoTuner(StaticTuner):
     def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
         self.autotuner.record_batch(size, input_s + infer_s + output_s, self.clock())
 
-    def finished(self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings,
-                 now: float) -> None:
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
         if outcome == "success":
             self.autotuner.record_request(total_s, queued_s, self.clock())
 
@@ -83,14 +84,21 @@ class AutoTuner(StaticTuner):
         decision = self.autotuner.step(self.clock())
         if decision is not None:
             old, self.params = self.params, decision.params
-            log.info(json.dumps({
-                "event": "autotune", "model": self.spec.name, "reason": decision.reason,
-                "max_batch_size": [old.max_batch_size, decision.params.max_batch_size],
-                "max_queue_delay_us": [
-                    round(old.max_queue_delay_s * 1e6), round(decision.params.max_queue_delay_s * 1e6)
-                ],
-                **{k: v for k, v in decision.detail.items() if isinstance(v, (int, float, str, bool))},
-            }))
+            log.info(
+                json.dumps(
+                    {
+                        "event": "autotune",
+                        "model": self.spec.name,
+                        "reason": decision.reason,
+                        "max_batch_size": [old.max_batch_size, decision.params.max_batch_size],
+                        "max_queue_delay_us": [
+                            round(old.max_queue_delay_s * 1e6),
+                            round(decision.params.max_queue_delay_s * 1e6),
+                        ],
+                        **{k: v for k, v in decision.detail.items() if isinstance(v, (int, float, str, bool))},
+                    }
+                )
+            )
         return decision
 
     @property
@@ -100,8 +108,11 @@ class AutoTuner(StaticTuner):
     def report(self) -> AutotuneState:
         snap = self.autotuner.snapshot(self.clock())
         return AutotuneState(
-            enabled=True, latency_slo_p99_ms=self.spec.autotune.latency_slo_p99_ms,
-            slo_feasible=snap.get("slo_feasible"), latency_model=snap.get("latency_model"), changes=snap.get("changes"),
+            enabled=True,
+            latency_slo_p99_ms=self.spec.autotune.latency_slo_p99_ms,
+            slo_feasible=snap.get("slo_feasible"),
+            latency_model=snap.get("latency_model"),
+            changes=snap.get("changes"),
         )
 
 

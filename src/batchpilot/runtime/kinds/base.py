@@ -90,9 +90,9 @@ class StackedKind:
     def split(self, part: Sequence[Slice], output_names: Sequence[str], arrays: Sequence[np.ndarray]) -> list[Outputs]:
         results, row = [], 0
         for s in part:
-            results.append({
-                name: self.trim(name, a[row:row + s.size], s) for name, a in zip(output_names, arrays, strict=True)
-            })
+            results.append(
+                {name: self.trim(name, a[row : row + s.size], s) for name, a in zip(output_names, arrays, strict=True)}
+            )
             row += s.size
         return results
 

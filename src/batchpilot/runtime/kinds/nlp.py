@@ -53,19 +53,19 @@ class NlpKind(StackedKind):
         mask = np.zeros((total, longest), dtype=np.int64)
         row = 0
         for r in rows:
-            ids[row:row + r.shape[0], :r.shape[1]] = r
-            mask[row:row + r.shape[0], :r.shape[1]] = 1
+            ids[row : row + r.shape[0], : r.shape[1]] = r
+            mask[row : row + r.shape[0], : r.shape[1]] = 1
             row += r.shape[0]
         tokens.tokens_useful += sum(r.size for r in rows)
         tokens.tokens_computed += ids.size
         return [ids, mask]
 
     def trim(self, name: str, piece: np.ndarray, slice_: Slice) -> np.ndarray:
-        return piece[:, :slice_.request.length] if name in self.per_token else piece
+        return piece[:, : slice_.request.length] if name in self.per_token else piece
 
     def v1_groups(self, per_input: dict[str, list[Any]]) -> list[list[Decoded]]:
         name, datatype = self.spec.inputs[0].name, self.spec.inputs[0].datatype
-        groups = []
+        groups: list[list[Decoded]] = []
         for seq in per_input[name]:
             if not isinstance(seq, list):
                 raise InvalidRequest(f"input {name!r}: each instance must be a list of token ids")

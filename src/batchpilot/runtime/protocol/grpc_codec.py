@@ -25,9 +25,17 @@ class GrpcRequest:
 
 
 _CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
 }
 
 
@@ -80,7 +88,9 @@ def encode(request: pb.ModelInferRequest, model: str, outputs: dict[str, np.ndar
 def model_metadata(meta: dict[str, Any]) -> pb.ModelMetadataResponse:
     """The hub's model metadata as a ModelMetadataResponse."""
     return pb.ModelMetadataResponse(
-        name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+        name=meta["name"],
+        versions=meta["versions"],
+        platform=meta["platform"],
         inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
         outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
     )

@@ -21,6 +21,7 @@ from batchpilot.runtime.protocol.grpc_tolerant import tolerant
 
 log = logging.getLogger("batchpilot.grpc")
 
+
 class _TolerantRegistrar:
     """What the generated `add_..._to_server` needs of a server, registering tolerant handlers instead."""
 
@@ -53,12 +54,17 @@ class BatchPilotServicer(InferenceServicer):
         await context.abort(exc.grpc_code, exc.message)
         return AssertionError("unreachable")
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
         try:
             self.hub.get(request.model_name)
             decoded = grpc_codec.decode(request)
             spec, outputs = await self.hub.infer(
-                request.model_name, decoded.inputs, outputs=decoded.outputs, priority=decoded.priority,
+                request.model_name,
+                decoded.inputs,
+                outputs=decoded.outputs,
+                priority=decoded.priority,
                 timeout_us=decoded.timeout_us,
             )
         except RequestError as exc:
@@ -73,14 +79,18 @@ class BatchPilotServicer(InferenceServicer):
         except RequestError as exc:
             raise await self._abort(context, exc) from None
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
         try:
             ready, _ = self.hub.model_readiness(request.name)
         except RequestError as exc:
             raise await self._abort(context, exc) from None
         return pb.ModelReadyResponse(ready=ready)
 
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.hub.ready)
 
     async def ServerMetadata(

@@ -105,7 +105,9 @@ class RestFrontend:
         return (200 if ready else 503), doc
 
     async def _ready(self, scope: Scope, receive: Receive) -> Response:
-        return await self._json((200 if self.hub.ready else 503, {"ready": self.hub.ready, "models": self.hub.readiness()}))
+        return await self._json(
+            (200 if self.hub.ready else 503, {"ready": self.hub.ready, "models": self.hub.readiness()})
+        )
 
     async def _server_metadata(self, scope: Scope, receive: Receive) -> Response:
         return await self._json(self.hub.server_metadata())
@@ -153,7 +155,9 @@ class RestFrontend:
         spec = self.hub.spec(model)
         groups = v1_codec.decode(spec, body)
         results = await asyncio.gather(*(self.hub.infer(model, g) for g in groups), return_exceptions=True)
+        answers = []
         for result in results:
             if isinstance(result, BaseException):
                 raise result if isinstance(result, RequestError) else InternalError(str(result))
-        return 200, v1_codec.encode(spec, [outputs for _, outputs in results]), {"content-type": "application/json"}
+            answers.append(result[1])
+        return 200, v1_codec.encode(spec, answers), {"content-type": "application/json"}

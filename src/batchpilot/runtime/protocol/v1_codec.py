@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from batchpilot.spec.model import ModelSpec
-
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.kinds import kind_for
 from batchpilot.runtime.tensors import Decoded
+from batchpilot.spec.model import ModelSpec
 
 MAX_INSTANCES = 4096
 
