@@ -11,7 +11,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +26,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from batchpilot.runtime.demo_models import VOCAB_SIZE, text_spec
 from batchpilot.testing.loadgen import build_request
-from batchpilot.testing.processes import child_process, free_port, wait_ready
+from batchpilot.testing.processes import child_process, free_port, ready_url, serve_command, wait_ready
 from batchpilot.testing.requests import v2_binary_body
 from reference import assert_close, expected
 
@@ -56,26 +55,8 @@ def server_process(
     repository: Path, log: Path, *extra: str, env: dict[str, str] | None = None, log_level: str = "WARNING"
 ) -> Iterator[Served]:
     http, grpc_port = free_port(), free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "batchpilot",
-        "--log-level",
-        log_level,
-        "serve",
-        "--model-repository",
-        str(repository),
-        "--http-port",
-        str(http),
-        "--grpc-port",
-        str(grpc_port),
-        "--host",
-        "127.0.0.1",
-        "--torch-threads",
-        "1",
-        *extra,
-    ]
-    with child_process(command, f"http://127.0.0.1:{http}/v2/health/ready", env=env, log_path=log) as proc:
+    command = serve_command(repository, http, grpc_port, "--torch-threads", "1", *extra, log_level=log_level)
+    with child_process(command, ready_url(http), env=env, log_path=log) as proc:
         yield Served(proc, http, grpc_port, log)
 
 

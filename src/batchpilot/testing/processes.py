@@ -68,26 +68,22 @@ def serving(
     """Run `batchpilot serve` in a child process on free loopback ports; yields (http, grpc) ports.
     `prefix` goes before the command (e.g. taskset to pin the server to a core)."""
     http, grpc_port = free_port(), free_port()
-    command = [
-        *prefix,
-        sys.executable,
-        "-m",
-        "batchpilot",
-        "--log-level",
-        log_level,
-        "serve",
-        "--model-repository",
-        str(repository),
-        "--http-port",
-        str(http),
-        "--grpc-port",
-        str(grpc_port),
-        "--host",
-        "127.0.0.1",
-        *extra,
-    ]
-    with child_process(command, f"http://127.0.0.1:{http}/v2/health/ready", env=env, log_path=log_path):
+    command = [*prefix, *serve_command(repository, http, grpc_port, *extra, log_level=log_level)]
+    with child_process(command, ready_url(http), env=env, log_path=log_path):
         yield http, grpc_port
+
+
+def serve_command(repository: Path, http: int, grpc_port: int, *extra: str, log_level: str = "WARNING") -> list[str]:
+    """`batchpilot serve` of `repository` on loopback ports, with this Python."""
+    return [
+        *(sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve"),
+        *("--model-repository", str(repository), "--http-port", str(http), "--grpc-port", str(grpc_port)),
+        *("--host", "127.0.0.1", *extra),
+    ]
+
+
+def ready_url(http: int) -> str:
+    return f"http://127.0.0.1:{http}/v2/health/ready"
 
 
 def get_json(url: str) -> dict:
