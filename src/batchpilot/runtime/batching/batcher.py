@@ -1,9 +1,9 @@
-"""One batcher per hosted model: it forms batches and hands them to the executor.
+"""One batcher per hosted model: it forms batches.
 
 Around it: the model kind (which requests may share a batch, runtime/kinds), the policy queue (admission,
-priorities, timeouts: queue.PolicyQueue), the tuner (the parameters in force: tuning) and the observers
-(statistics, metrics, recent window, and the tuner again: observers), told of every arrival, release,
-execution and answer.
+priorities, timeouts: queue.PolicyQueue), the runner (execution, hang watchdog and answers: runner), the
+tuner (the parameters in force: tuning) and the observers (statistics, metrics, recent window, and the
+tuner again: observers), told of every arrival, release, execution and answer.
 
 Everything here runs on the server's event loop except `Executor.run`, which runs in the model's own
 thread. One batch executes at a time; while it runs, arrivals queue up and the next batch's window
@@ -16,18 +16,18 @@ import asyncio
 import itertools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from batchpilot.runtime.autotuner import TuningParams
-from batchpilot.runtime.batching.executor import BatchTimings, Executor
+from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.batching.observers import MetricsObserver, Observers, RecentObserver, StatsObserver
 from batchpilot.runtime.batching.queue import PolicyQueue
 from batchpilot.runtime.batching.request import Outputs, Pending, Slice
+from batchpilot.runtime.batching.runner import BatchRunner
 from batchpilot.runtime.batching.tuning import make_tuner
 from batchpilot.runtime.batching.window import RecentWindow
-from batchpilot.runtime.errors import InternalError, RequestError, Unavailable
+from batchpilot.runtime.errors import Unavailable
 from batchpilot.runtime.kinds import kind_for
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.stats import ModelStats
@@ -61,7 +61,7 @@ class Batcher:
         self.tuner = make_tuner(spec, batching)
         self._metrics = MetricsObserver(metrics, spec.name)
         self.observers = Observers([StatsObserver(self.stats), self._metrics, RecentObserver(self.recent), self.tuner])
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{spec.name}")
+        self.runner = BatchRunner(spec.name, executor, self.queue, self.observers, hang_timeout_s)
         self.executor.on_out_of_memory = self._on_out_of_memory
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -69,10 +69,6 @@ class Batcher:
         self._busy = False
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._compute_ewma_s = 0.0
-        # Watchdog: a batch running longer than this means the model hangs (a thread can't be killed).
-        self.hang_timeout_s = hang_timeout_s
-        self.hung = False
         self.observers.params_changed(self.params)
         self._metrics.slo(spec.autotune.latency_slo_p99_ms / 1e3)
 
@@ -112,11 +108,16 @@ class Batcher:
             await asyncio.sleep(0.01)
         for task in self._tasks:
             task.cancel()
-        self._thread.shutdown(wait=True)
+        self.runner.shutdown()
 
     @property
     def draining(self) -> bool:
         return self._draining
+
+    @property
+    def hung(self) -> bool:
+        """Its last batch runs past the hang timeout: it refuses work until the model returns."""
+        return self.runner.hung
 
     # -- intake ---------------------------------------------------------------------------------------
     def submit(
@@ -128,7 +129,7 @@ class Batcher:
             raise Unavailable(f"model {self.spec.name!r} is shutting down")
         if self.hung:
             raise Unavailable(f"model {self.spec.name!r} is unavailable: its last batch hangs", retry_after_s=5.0)
-        self.queue.check_room(self._compute_ewma_s / max(1, self.params.max_batch_size))
+        self.queue.check_room(self.runner.compute_ewma_s / max(1, self.params.max_batch_size))
         first = next(iter(inputs.values()))
         request = Pending(
             inputs=inputs,
@@ -209,83 +210,18 @@ class Batcher:
             return "delay", None
         if head.deadline is not None:
             # Release early rather than let the oldest request miss its deadline while waiting.
-            latest_start = head.deadline - self._compute_ewma_s
+            latest_start = head.deadline - self.runner.compute_ewma_s
             if now >= latest_start:
                 return "deadline", None
             return None, min(window_end, latest_start)
         return None, window_end
 
     async def _execute(self, slices: list[Slice]) -> None:
-        start = time.perf_counter()
-        for s in slices:
-            if s.request.dispatched_mono is None:
-                s.request.dispatched_mono = start
-        running = self.loop.run_in_executor(self._thread, self.executor.run, slices)
-        results: list[Outputs | RequestError]
         try:
-            try:
-                results, timings = await asyncio.wait_for(asyncio.shield(running), self.hang_timeout_s)
-            except asyncio.TimeoutError:
-                self._on_hang(slices)
-                await running  # the thread is stuck until the model returns
-                log.warning("model %s returned after hanging; serving again", self.spec.name)
-                self.hung = False
-                self.observers.health(True)
-                return
-        except Exception as exc:  # a bug in collation, not the model: fail the batch, keep serving
-            log.exception("batch of model %s failed outside the model", self.spec.name)
-            results, timings = [InternalError(f"internal error: {type(exc).__name__}")] * len(slices), BatchTimings()
+            await self.runner.run(slices)
         finally:
             self._busy = False
             self._poke()
-        self._account_batch(timings)
-        now = self.loop.time()
-        for s, result in zip(slices, results, strict=True):
-            request = s.request
-            if request.expired or request.future.done():
-                continue
-            if isinstance(result, RequestError):
-                request.fail(result)
-                self._finish(request, now, "error" if result.status >= 500 else "invalid", timings)
-            else:
-                request.add_part(s.start, result)
-                if request.future.done():
-                    self._finish(request, now, "success", timings)
-
-    def _on_hang(self, slices: list[Slice]) -> None:
-        """Fail the hung batch and everything queued behind it; refuse new work until the model returns."""
-        self.hung = True
-        self.observers.health(False)
-        log.error(
-            "model %s: batch of %d items still running after %.1f s; marking it unavailable",
-            self.spec.name,
-            sum(s.size for s in slices),
-            self.hang_timeout_s,
-        )
-        error = Unavailable(
-            f"model {self.spec.name!r} hangs: batch still running after {self.hang_timeout_s:.1f} s", retry_after_s=5.0
-        )
-        stuck = {s.request for s in slices} | set(self.queue.clear())
-        for request in stuck:
-            if not request.future.done():
-                self.observers.dropped(request, "error")
-                request.fail(error)
-        self.observers.queue_depth(0)
-
-    def _account_batch(self, timings: BatchTimings) -> None:
-        for size, t_in, t_infer, t_out in timings.executions:
-            self.observers.executed(size, t_in, t_infer, t_out)
-            compute = t_in + t_infer + t_out
-            self._compute_ewma_s = 0.8 * self._compute_ewma_s + 0.2 * compute if self._compute_ewma_s else compute
-        self.observers.batch_done(timings)
-
-    def _finish(self, request: Pending, now: float, outcome: str, timings: BatchTimings) -> None:
-        if request.timer is not None:
-            request.timer.cancel()
-        end = time.perf_counter()
-        total = end - request.arrival_mono
-        queued = (request.dispatched_mono or end) - request.arrival_mono
-        self.observers.finished(request, outcome, queued, total, timings, now)
 
     # -- tuning -----------------------------------------------------------------------------------------
     async def _tune(self) -> None:
