@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup controlplane cluster demo test test-fast bench clean
+.PHONY: setup controlplane cluster demo lint format test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,18 @@ cluster: controlplane
 demo: $(VENV)/.installed
 	$(VENV)/bin/batchpilot demo
 
-test: setup controlplane
+# ruff (lint + format check) and mypy, configured in pyproject.toml; `make format` rewrites the files.
+# It uses the venv as it is (`make setup` makes it; `make test` runs setup first).
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format:
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: setup lint controlplane
 	$(VENV)/bin/pytest -q
 
 bench: setup

@@ -11,16 +11,16 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from batchpilot.runtime.demo import child_process, free_port, serving
-from batchpilot.runtime.loadgen import _read_response
+from batchpilot.testing.loadgen import _read_response
+from batchpilot.testing.processes import child_process, free_port, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU = "0"  # the server gets one core...
@@ -44,8 +44,7 @@ def pinned(cpu: str, command: Sequence[str]) -> list[str]:
     return ["taskset", "-c", cpu, *command] if os.cpu_count() and os.cpu_count() > 1 else list(command)
 
 
-def process(command: Sequence[str], ready_url: str, env: dict[str, str] | None = None,
-            log: Path | None = None):
+def process(command: Sequence[str], ready_url: str, env: dict[str, str] | None = None, log: Path | None = None):
     """A server child process, ready when `ready_url` answers (see runtime.demo.child_process)."""
     return child_process(list(command), ready_url, env=env, log_path=log)
 
@@ -59,9 +58,23 @@ def batchpilot_server(repository: Path, *extra: str, env: dict[str, str] | None 
 @contextmanager
 def stock_kserve_server(model_path: Path, name: str, output: str) -> Iterator[int]:
     http, grpc = free_port(), free_port()
-    command = pinned(SERVER_CPU, [sys.executable, str(ROOT / "bench" / "stock_kserve.py"), "--model_path",
-                                  str(model_path), "--model_name", name, "--output_name", output,
-                                  "--http_port", str(http), "--grpc_port", str(grpc)])
+    command = pinned(
+        SERVER_CPU,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "stock_kserve.py"),
+            "--model_path",
+            str(model_path),
+            "--model_name",
+            name,
+            "--output_name",
+            output,
+            "--http_port",
+            str(http),
+            "--grpc_port",
+            str(grpc),
+        ],
+    )
     with process(command, f"http://127.0.0.1:{http}/v2/models/{name}/ready"):
         yield http
 
@@ -79,7 +92,9 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
 
-def wrk(url: str, body: bytes, headers: dict[str, str], *, connections: int, duration_s: int, workdir: Path) -> WrkResult:
+def wrk(
+    url: str, body: bytes, headers: dict[str, str], *, connections: int, duration_s: int, workdir: Path
+) -> WrkResult:
     """POST the same body over `connections` keep-alive connections; one wrk thread on the client core."""
     body_path = workdir / "body.bin"
     body_path.write_bytes(body)
@@ -89,7 +104,10 @@ def wrk(url: str, body: bytes, headers: dict[str, str], *, connections: int, dur
     script.write_text("\n".join(lines) + "\n")
     done = subprocess.run(
         pinned(CLIENT_CPU, ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script), url]),
-        capture_output=True, text=True, timeout=duration_s + 60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=duration_s + 60,
+        check=True,
     )
     out = done.stdout
     rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))
@@ -100,7 +118,9 @@ def wrk(url: str, body: bytes, headers: dict[str, str], *, connections: int, dur
     return WrkResult(rps, p50, p99, errors)
 
 
-def raw_throughput(module: torch.nn.Module, make_args, batch_sizes: Sequence[int], seconds: float = 1.5) -> dict[int, float]:
+def raw_throughput(
+    module: torch.nn.Module, make_args, batch_sizes: Sequence[int], seconds: float = 1.5
+) -> dict[int, float]:
     """Items per second of the model alone (one thread, like the server), per batch size."""
     rates = {}
     with torch.inference_mode():
@@ -118,6 +138,7 @@ def raw_throughput(module: torch.nn.Module, make_args, batch_sizes: Sequence[int
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table (it reads fine in a terminal too)."""
+
     def cell(v: object) -> str:
         return f"{v:,.1f}" if isinstance(v, float) else str(v)
 
@@ -159,13 +180,16 @@ class Timeline:
 
     def windows(self, width_s: float = 1.0) -> list[Window]:
         end = float(self.done_s.max()) if self.done_s.size else 0.0
-        return [Window(t, *self.rate_p99(t, t + width_s), self.concurrency_at(t))
-                for t in np.arange(0.0, end - width_s / 2, width_s)]
+        return [
+            Window(t, *self.rate_p99(t, t + width_s), self.concurrency_at(t))
+            for t in np.arange(0.0, end - width_s / 2, width_s)
+        ]
 
 
-async def closed_loop_timeline(host: str, port: int, requests: Sequence[bytes],
-                               schedule: Sequence[tuple[float, int]], seed: int = 0) -> Timeline:
-    """Closed-loop clients over keep-alive connections (as `runtime.loadgen.run_load`), recording
+async def closed_loop_timeline(
+    host: str, port: int, requests: Sequence[bytes], schedule: Sequence[tuple[float, int]], seed: int = 0
+) -> Timeline:
+    """Closed-loop clients over keep-alive connections (as `batchpilot.testing.loadgen.run_load`), recording
     every answer's completion time; `schedule` is [(seconds, clients), ...] run one after the other."""
     rng = np.random.default_rng(seed)
     done: list[float] = []
@@ -234,16 +258,27 @@ def tree_cpu_seconds(root: int) -> float:
 
 
 @contextmanager
-def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | None = None,
-                  log: Path | None = None, cwd: Path | None = None,
-                  ready_timeout_s: float = 300) -> Iterator[subprocess.Popen]:
+def process_group(
+    command: Sequence[str],
+    ready_url: str,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    cwd: Path | None = None,
+    ready_timeout_s: float = 300,
+) -> Iterator[subprocess.Popen]:
     """Like `process`, for servers made of several processes: a session of its own, and on exit the
     whole tree gets SIGTERM, then SIGKILL after 30 s."""
-    from batchpilot.runtime.demo import wait_ready
+    from batchpilot.testing.processes import wait_ready
 
-    out = open(log, "wb") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 (closed when the child ends)
+    proc = subprocess.Popen(
+        list(command),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         wait_ready(ready_url, timeout_s=ready_timeout_s, proc=proc)
         yield proc
@@ -251,10 +286,8 @@ def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | 
         tree = process_tree(proc.pid)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in tree:
-                try:
+                with suppress(ProcessLookupError):
                     os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in tree - {proc.pid}):
                 proc.poll()
@@ -269,9 +302,11 @@ def process_group(command: Sequence[str], ready_url: str, env: dict[str, str] | 
             out.close()
 
 
-def batchpilot_server_logged(repository: Path, *extra: str, log: Path, env: dict[str, str] | None = None,
-                             log_level: str = "INFO"):
+def batchpilot_server_logged(
+    repository: Path, *extra: str, log: Path, env: dict[str, str] | None = None, log_level: str = "INFO"
+):
     """`batchpilot_server` with its log (at `log_level`, e.g. INFO for the autotune decisions) kept in `log`."""
     prefix = tuple(pinned(SERVER_CPU, []))
-    return serving(repository, "--torch-threads", "1", *extra, env=env, prefix=prefix, log_path=log,
-                   log_level=log_level)
+    return serving(
+        repository, "--torch-threads", "1", *extra, env=env, prefix=prefix, log_path=log, log_level=log_level
+    )

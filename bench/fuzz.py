@@ -15,8 +15,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from hypothesis import HealthCheck, given, settings
@@ -26,12 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import test_hardening_fuzz as fuzz  # noqa: E402 - the properties and strategies live with the CI tests
+from batchpilot.runtime.demo_models import write_demo_repository  # noqa: E402
 from test_hardening_server import server_process  # noqa: E402
 
-from batchpilot.runtime.demo_models import write_demo_repository  # noqa: E402
 
-
-def run(label: str, examples: int, check: Callable[..., None], **strategies: st.SearchStrategy) -> tuple[str, int, float]:
+def run(
+    label: str, examples: int, check: Callable[..., None], **strategies: st.SearchStrategy
+) -> tuple[str, int, float]:
     """Run one property for `examples` examples (hypothesis stops early if it exhausts the space)."""
     tried = 0
 
@@ -54,12 +56,25 @@ def live(examples: int) -> list[tuple[str, int, float]]:
         repository = Path(tmp) / "models"
         write_demo_repository(repository)
         with server_process(repository, Path(tmp) / "server.log") as served:
-
-            rows.append(run("live REST", examples, lambda case: fuzz.check_live_rest(served.http, case), case=fuzz.live_requests()))
+            rows.append(
+                run(
+                    "live REST",
+                    examples,
+                    lambda case: fuzz.check_live_rest(served.http, case),
+                    case=fuzz.live_requests(),
+                )
+            )
             with grpc.insecure_channel(f"127.0.0.1:{served.grpc}") as channel:
                 calls = fuzz.grpc_calls(channel)
-                rows.append(run("live gRPC", examples, lambda method, data: fuzz.check_live_grpc(calls, method, data),
-                                method=st.sampled_from(fuzz.GRPC_METHODS), data=fuzz.grpc_bytes()))
+                rows.append(
+                    run(
+                        "live gRPC",
+                        examples,
+                        lambda method, data: fuzz.check_live_grpc(calls, method, data),
+                        method=st.sampled_from(fuzz.GRPC_METHODS),
+                        data=fuzz.grpc_bytes(),
+                    )
+                )
             fuzz.assert_still_serving((served.http, served.grpc), repository)
             assert served.stop() == 0
     return rows
@@ -73,12 +88,26 @@ def main() -> int:
     tracemalloc.start()
     models = st.sampled_from(sorted(fuzz.SPECS))
     rows = [
-        run("v2 REST decode", args.examples, lambda model, body: fuzz.only_client_errors(lambda: fuzz.decode_v2(model, body)),
-            model=models, body=fuzz.v2_bodies()),
-        run("v1 REST decode", args.examples, lambda model, body: fuzz.only_client_errors(lambda: fuzz.decode_v1(model, body)),
-            model=models, body=fuzz.v1_bodies),
-        run("gRPC decode", args.examples, lambda request: fuzz.only_client_errors(lambda: fuzz.decode_grpc(request)),
-            request=fuzz.infer_requests()),
+        run(
+            "v2 REST decode",
+            args.examples,
+            lambda model, body: fuzz.only_client_errors(lambda: fuzz.decode_v2(model, body)),
+            model=models,
+            body=fuzz.v2_bodies(),
+        ),
+        run(
+            "v1 REST decode",
+            args.examples,
+            lambda model, body: fuzz.only_client_errors(lambda: fuzz.decode_v1(model, body)),
+            model=models,
+            body=fuzz.v1_bodies,
+        ),
+        run(
+            "gRPC decode",
+            args.examples,
+            lambda request: fuzz.only_client_errors(lambda: fuzz.decode_grpc(request)),
+            request=fuzz.infer_requests(),
+        ),
     ]
     tracemalloc.stop()
     if not args.no_live:

@@ -31,21 +31,27 @@ class BigImageProbe(nn.Module):
 
 
 def trivial_spec() -> ModelSpec:
-    return ModelSpec.model_validate({
-        "name": "trivial", "type": "cv",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [4]}],
-        "batching": {"max_batch_size": 64, "max_queue_delay_microseconds": 0},
-    })
+    return ModelSpec.model_validate(
+        {
+            "name": "trivial",
+            "type": "cv",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [4]}],
+            "batching": {"max_batch_size": 64, "max_queue_delay_microseconds": 0},
+        }
+    )
 
 
 def image224_spec() -> ModelSpec:
-    return ModelSpec.model_validate({
-        "name": "image224", "type": "cv",
-        "inputs": [{"name": "image", "datatype": "FP32", "shape": [3, 224, 224]}],
-        "outputs": [{"name": "features", "datatype": "FP32", "shape": [8]}],
-        "batching": {"max_batch_size": 16, "max_queue_delay_microseconds": 0},
-    })
+    return ModelSpec.model_validate(
+        {
+            "name": "image224",
+            "type": "cv",
+            "inputs": [{"name": "image", "datatype": "FP32", "shape": [3, 224, 224]}],
+            "outputs": [{"name": "features", "datatype": "FP32", "shape": [8]}],
+            "batching": {"max_batch_size": 16, "max_queue_delay_microseconds": 0},
+        }
+    )
 
 
 def write_bench_models(repository: Path) -> None:

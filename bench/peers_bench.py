@@ -25,22 +25,33 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterator
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    CLIENT_CPU, ROOT, SERVER_CPU, bench_lock, pinned, process_group, process_tree, table, tree_cpu_seconds, wrk,
+from common import (
+    CLIENT_CPU,
+    ROOT,
+    SERVER_CPU,
+    bench_lock,
+    pinned,
+    process_group,
+    process_tree,
+    table,
+    tree_cpu_seconds,
+    wrk,
 )
 
-from batchpilot import __version__ as batchpilot_version  # noqa: E402
-from batchpilot.runtime.demo import free_port, v2_binary_body  # noqa: E402
-from batchpilot.runtime.demo_models import IMAGE_SIZE, VOCAB_SIZE, build_demo_modules, write_demo_repository  # noqa: E402
-from batchpilot.runtime.repository import SPECS_ENV  # noqa: E402
+from batchpilot import __version__ as batchpilot_version
+from batchpilot.runtime.demo_models import IMAGE_SIZE, VOCAB_SIZE, build_demo_modules, write_demo_repository
+from batchpilot.runtime.repository import SPECS_ENV
+from batchpilot.testing.processes import free_port
+from batchpilot.testing.requests import v2_binary_body
 
 CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 QUICK_CONCURRENCY = [1, 8, 32]
@@ -66,21 +77,50 @@ class Peer:
     infer_path: str
 
 
-PEERS: dict[str, Peer] = {p.key: p for p in [
-    Peer("mlserver", "MLServer", ("mlserver==1.7.1", "uvloop==0.21.0"), "mlserver",
-         f"adaptive batching: max_batch_size {MAX_BATCH}, max_batch_time {MAX_WAIT_MS / 1e3} s; default "
-         "parallel_workers (1 inference worker process); uvloop pinned to 0.21.0 (0.23 kills the worker)",
-         "/v2/models/{name}/ready", "/v2/models/{name}/infer"),
-    Peer("kserve", "stock KServe", ("kserve==0.21.0",), "kserve",
-         "no in-process batching (KServe's batcher is a v1-only sidecar); async predict, one model call per request",
-         "/v2/models/{name}/ready", "/v2/models/{name}/infer"),
-    Peer("bentoml", "BentoML", ("bentoml==1.4.40",), "bentoml",
-         f"adaptive batching: batchable API, max_batch_size {MAX_BATCH}, max_latency_ms 1000 (the docs' example; "
-         "BentoML picks the wait itself), workers 1", "/readyz", "/infer"),
-    Peer("ray", "Ray Serve", ("ray[serve]==2.60.0",), "ray",
-         f"@serve.batch max_batch_size {MAX_BATCH}, batch_wait_timeout_s {MAX_WAIT_MS / 1e3}; "
-         f"max_ongoing_requests {2 * MAX_BATCH}; ray.init(num_cpus=1)", "/", "/"),
-]}
+PEERS: dict[str, Peer] = {
+    p.key: p
+    for p in [
+        Peer(
+            "mlserver",
+            "MLServer",
+            ("mlserver==1.7.1", "uvloop==0.21.0"),
+            "mlserver",
+            f"adaptive batching: max_batch_size {MAX_BATCH}, max_batch_time {MAX_WAIT_MS / 1e3} s; default "
+            "parallel_workers (1 inference worker process); uvloop pinned to 0.21.0 (0.23 kills the worker)",
+            "/v2/models/{name}/ready",
+            "/v2/models/{name}/infer",
+        ),
+        Peer(
+            "kserve",
+            "stock KServe",
+            ("kserve==0.21.0",),
+            "kserve",
+            "no in-process batching (KServe's batcher is a v1-only sidecar); async predict, one model call per request",
+            "/v2/models/{name}/ready",
+            "/v2/models/{name}/infer",
+        ),
+        Peer(
+            "bentoml",
+            "BentoML",
+            ("bentoml==1.4.40",),
+            "bentoml",
+            f"adaptive batching: batchable API, max_batch_size {MAX_BATCH}, max_latency_ms 1000 (the docs' example; "
+            "BentoML picks the wait itself), workers 1",
+            "/readyz",
+            "/infer",
+        ),
+        Peer(
+            "ray",
+            "Ray Serve",
+            ("ray[serve]==2.60.0",),
+            "ray",
+            f"@serve.batch max_batch_size {MAX_BATCH}, batch_wait_timeout_s {MAX_WAIT_MS / 1e3}; "
+            f"max_ongoing_requests {2 * MAX_BATCH}; ray.init(num_cpus=1)",
+            "/",
+            "/",
+        ),
+    ]
+}
 SYSTEMS = ["batchpilot", *PEERS]
 
 
@@ -118,6 +158,7 @@ class Workload:
 @dataclass
 class Phase:
     """One server up, measured while this run holds the benchmark lock."""
+
     system: str
     command: list[str]
     load_before: tuple[float, float, float]
@@ -130,7 +171,9 @@ class Phase:
 # -- request bodies --------------------------------------------------------------------------------------------
 def v2_json(name: str, datatype: str, array: np.ndarray) -> bytes:
     """A compact v2 JSON infer request with one input (flat `data`)."""
-    doc = {"inputs": [{"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.reshape(-1).tolist()}]}
+    doc = {
+        "inputs": [{"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.reshape(-1).tolist()}]
+    }
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -144,12 +187,22 @@ def workloads() -> dict[str, list[Workload]]:
     cv_json = v2_json("image", "FP32", values)
     nlp_json = v2_json("input_ids", "INT64", tokens)
     return {
-        "json": [Workload("resnet-mini", f"v2 JSON FP32 [1,3,64,64], {len(cv_json) / 1e3:.0f} KB", cv_json, json_headers),
-                 Workload("textcls", f"v2 JSON INT64 [1,{SEQ_LEN}], {len(nlp_json)} B", nlp_json, json_headers)],
-        "binary": [Workload("resnet-mini", "v2 binary tensors FP32 [1,3,64,64] (binary output)",
-                            *v2_binary_body("image", "FP32", image, ["logits"])),
-                   Workload("textcls", f"v2 binary tensors INT64 [1,{SEQ_LEN}] (binary outputs)",
-                            *v2_binary_body("input_ids", "INT64", tokens, ["logits", "token_scores"]))],
+        "json": [
+            Workload("resnet-mini", f"v2 JSON FP32 [1,3,64,64], {len(cv_json) / 1e3:.0f} KB", cv_json, json_headers),
+            Workload("textcls", f"v2 JSON INT64 [1,{SEQ_LEN}], {len(nlp_json)} B", nlp_json, json_headers),
+        ],
+        "binary": [
+            Workload(
+                "resnet-mini",
+                "v2 binary tensors FP32 [1,3,64,64] (binary output)",
+                *v2_binary_body("image", "FP32", image, ["logits"]),
+            ),
+            Workload(
+                "textcls",
+                f"v2 binary tensors INT64 [1,{SEQ_LEN}] (binary outputs)",
+                *v2_binary_body("input_ids", "INT64", tokens, ["logits", "token_scores"]),
+            ),
+        ],
     }
 
 
@@ -168,8 +221,10 @@ def ensure_venv(peer: Peer, log: Path) -> str | None:
     print(f"installing {peer.label}: pip install {' '.join(requirements)} ...", flush=True)
     base = getattr(sys, "_base_executable", sys.executable)
     # cwd elsewhere: the repository's `operator/` folder would shadow the standard library's
-    steps = [[base, "-m", "venv", "--clear", str(folder)],
-             [str(venv_python(peer)), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", *requirements]]
+    steps = [
+        [base, "-m", "venv", "--clear", str(folder)],
+        [str(venv_python(peer)), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", *requirements],
+    ]
     for step in steps:
         done = subprocess.run(step, cwd=tempfile.gettempdir(), capture_output=True, text=True)
         log.write_text(done.stdout + done.stderr)
@@ -182,9 +237,13 @@ def ensure_venv(peer: Peer, log: Path) -> str | None:
 
 def versions(python: Path, packages: list[str]) -> dict[str, str]:
     """Installed versions of those `packages` that `python` has."""
-    code = ("import importlib.metadata as m, json, sys\nout = {}\nfor n in sys.argv[1:]:\n"
-            "    try: out[n] = m.version(n)\n    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
-    done = subprocess.run([str(python), "-c", code, *packages], cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    code = (
+        "import importlib.metadata as m, json, sys\nout = {}\nfor n in sys.argv[1:]:\n"
+        "    try: out[n] = m.version(n)\n    except m.PackageNotFoundError: pass\nprint(json.dumps(out))"
+    )
+    done = subprocess.run(
+        [str(python), "-c", code, *packages], cwd=tempfile.gettempdir(), capture_output=True, text=True
+    )
     return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.strip()[-200:]}
 
 
@@ -202,16 +261,53 @@ def batchpilot_specs(autotune: bool) -> str:
 
 
 def batchpilot_command(repo: Path, port: int) -> list[str]:
-    return pinned(SERVER_CPU, [sys.executable, "-m", "batchpilot", "--log-level", "WARNING", "serve",
-                               "--model-repository", str(repo), "--http-port", str(port), "--grpc-port",
-                               str(free_port()), "--host", "127.0.0.1", "--torch-threads", "1"])
+    return pinned(
+        SERVER_CPU,
+        [
+            sys.executable,
+            "-m",
+            "batchpilot",
+            "--log-level",
+            "WARNING",
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--http-port",
+            str(port),
+            "--grpc-port",
+            str(free_port()),
+            "--host",
+            "127.0.0.1",
+            "--torch-threads",
+            "1",
+        ],
+    )
 
 
 def peer_command(peer: Peer, repo: Path, model: str, port: int) -> list[str]:
-    return pinned(SERVER_CPU, [str(venv_python(peer)), str(PEERS_DIR / f"{peer.key}_server.py"),
-                               "--model-path", str(repo / model / "model.pt"), "--name", model, "--kind", MODELS[model],
-                               "--port", str(port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
-                               "--max-batch-size", str(MAX_BATCH), "--max-wait-ms", str(MAX_WAIT_MS)])
+    return pinned(
+        SERVER_CPU,
+        [
+            str(venv_python(peer)),
+            str(PEERS_DIR / f"{peer.key}_server.py"),
+            "--model-path",
+            str(repo / model / "model.pt"),
+            "--name",
+            model,
+            "--kind",
+            MODELS[model],
+            "--port",
+            str(port),
+            "--grpc-port",
+            str(free_port()),
+            "--metrics-port",
+            str(free_port()),
+            "--max-batch-size",
+            str(MAX_BATCH),
+            "--max-wait-ms",
+            str(MAX_WAIT_MS),
+        ],
+    )
 
 
 def mean_batch_counts(port: int, model: str) -> tuple[int, int]:
@@ -228,8 +324,15 @@ def allowed_cpus(pid: int) -> str:
     return next(ln.split(":")[1].strip() for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))
 
 
-def sweep(url: str, work: Workload, pid: int, levels: list[int], duration_s: int, tmp: Path,
-          batch_counts: Callable[[], tuple[int, int]] | None) -> list[Level]:
+def sweep(
+    url: str,
+    work: Workload,
+    pid: int,
+    levels: list[int],
+    duration_s: int,
+    tmp: Path,
+    batch_counts: Callable[[], tuple[int, int]] | None,
+) -> list[Level]:
     wrk(url, work.body, work.headers, connections=8, duration_s=2, workdir=tmp)  # warm-up, not counted
     out = []
     for c in levels:
@@ -242,15 +345,24 @@ def sweep(url: str, work: Workload, pid: int, levels: list[int], duration_s: int
             mean_batch = (after[0] - counts[0]) / max(1, after[1] - counts[1])
         done = max(1.0, r.requests_per_s * duration_s)
         out.append(Level(c, r.requests_per_s, r.p50_ms, r.p99_ms, r.errors, 1000 * cpu / done, mean_batch))
-        print(f"    c={c:3d} {r.requests_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f}  p99 {r.p99_ms:7.2f} ms  "
-              f"err {r.errors}  cpu {1000 * cpu / done:.2f} s/1000" + (f"  batch {mean_batch:.1f}" if mean_batch else ""),
-              flush=True)
+        print(
+            f"    c={c:3d} {r.requests_per_s:8.1f} req/s  p50 {r.p50_ms:7.2f}  p99 {r.p99_ms:7.2f} ms  "
+            f"err {r.errors}  cpu {1000 * cpu / done:.2f} s/1000" + (f"  batch {mean_batch:.1f}" if mean_batch else ""),
+            flush=True,
+        )
     return out
 
 
-def measure_phase(system: str, command: list[str], ready_url: str, runs: list[tuple[str, str, Workload]],
-                  args: argparse.Namespace, tmp: Path, batch_counts: Callable[[str], tuple[int, int]] | None = None,
-                  env: dict[str, str] | None = None) -> tuple[Phase, list[Row]]:
+def measure_phase(
+    system: str,
+    command: list[str],
+    ready_url: str,
+    runs: list[tuple[str, str, Workload]],
+    args: argparse.Namespace,
+    tmp: Path,
+    batch_counts: Callable[[str], tuple[int, int]] | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[Phase, list[Row]]:
     """Start the server, sweep each (label, url, workload) run, stop it (the caller holds the benchmark lock)."""
     rows = []
     with ExitStack() as stack:
@@ -289,10 +401,19 @@ def batchpilot_phases(repo: Path, args: argparse.Namespace, tmp: Path) -> Iterat
         label = "BatchPilot " + ("autotune" if autotune else "static 16/3ms")
         runs = [(label, f"http://127.0.0.1:{port}/v2/models/{w.model}/infer", w) for w in bodies["json"]]
         if not autotune:
-            runs += [(label + ", binary", f"http://127.0.0.1:{port}/v2/models/{w.model}/infer", w) for w in bodies["binary"]]
-        yield measure_phase(label, batchpilot_command(repo, port), f"http://127.0.0.1:{port}/v2/health/ready", runs, args,
-                            tmp, batch_counts=lambda m, p=port: mean_batch_counts(p, m),
-                            env={SPECS_ENV: batchpilot_specs(autotune)})
+            runs += [
+                (label + ", binary", f"http://127.0.0.1:{port}/v2/models/{w.model}/infer", w) for w in bodies["binary"]
+            ]
+        yield measure_phase(
+            label,
+            batchpilot_command(repo, port),
+            f"http://127.0.0.1:{port}/v2/health/ready",
+            runs,
+            args,
+            tmp,
+            batch_counts=lambda m, p=port: mean_batch_counts(p, m),
+            env={SPECS_ENV: batchpilot_specs(autotune)},
+        )
 
 
 def peer_phases(peer: Peer, repo: Path, args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Phase, list[Row]]]:
@@ -302,15 +423,27 @@ def peer_phases(peer: Peer, repo: Path, args: argparse.Namespace, tmp: Path) -> 
         base = f"http://127.0.0.1:{port}"
         path = peer.infer_path.format(name=work.model)
         env = {"RAY_USAGE_STATS_ENABLED": "0", "BENTOML_DO_NOT_TRACK": "True", "PYTHONUNBUFFERED": "1"}
-        yield measure_phase(f"{label} {work.model}", peer_command(peer, repo, work.model, port),
-                            base + peer.ready_path.format(name=work.model), [(label, base + path, work)], args, tmp,
-                            env=env)
+        yield measure_phase(
+            f"{label} {work.model}",
+            peer_command(peer, repo, work.model, port),
+            base + peer.ready_path.format(name=work.model),
+            [(label, base + path, work)],
+            args,
+            tmp,
+            env=env,
+        )
 
 
 # -- report ---------------------------------------------------------------------------------------------------
 def machine() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.machine())
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.machine(),
+    )
     mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
     return f"{cpu}, {os.cpu_count()} cores, {mem / 2**20:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}"
 
@@ -322,13 +455,21 @@ def plot(rows: list[Row], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     for name, xy, xlabel, ylabel in (
-        ("peers-throughput.png", lambda r: ([lv.concurrency for lv in r.levels], [lv.requests_per_s for lv in r.levels]),
-         "concurrent connections (wrk)", "requests / s"),
-        ("peers-p99.png", lambda r: ([lv.requests_per_s for lv in r.levels], [lv.p99_ms for lv in r.levels]),
-         "requests / s", "p99 latency, ms (log)"),
+        (
+            "peers-throughput.png",
+            lambda r: ([lv.concurrency for lv in r.levels], [lv.requests_per_s for lv in r.levels]),
+            "concurrent connections (wrk)",
+            "requests / s",
+        ),
+        (
+            "peers-p99.png",
+            lambda r: ([lv.requests_per_s for lv in r.levels], [lv.p99_ms for lv in r.levels]),
+            "requests / s",
+            "p99 latency, ms (log)",
+        ),
     ):
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-        for ax, model in zip(axes, MODELS):
+        for ax, model in zip(axes, MODELS, strict=False):
             for row in (r for r in rows if r.model == model):
                 x, y = xy(row)
                 ax.plot(x, y, "o--" if "binary" in row.system else "o-", label=row.system, markersize=3)
@@ -348,7 +489,9 @@ def plot(rows: list[Row], out: Path) -> None:
 def ratio_lines(rows: list[Row]) -> list[str]:
     lines = []
     for model in MODELS:
-        peers = [(r, r.best_within(SLO_P99_MS)) for r in rows if r.model == model and not r.system.startswith("BatchPilot")]
+        peers = [
+            (r, r.best_within(SLO_P99_MS)) for r in rows if r.model == model and not r.system.startswith("BatchPilot")
+        ]
         peers = [(r, lv) for r, lv in peers if lv is not None]
         if not peers:
             lines.append(f"- {model}: no peer met the SLO, no ratio")
@@ -356,71 +499,141 @@ def ratio_lines(rows: list[Row]) -> list[str]:
         best_row, best = max(peers, key=lambda p: p[1].requests_per_s)
         for ours in (r for r in rows if r.model == model and r.system.startswith("BatchPilot")):
             at_slo, at_peer_p99 = ours.best_within(SLO_P99_MS), ours.best_within(best.p99_ms)
-            fmt = lambda lv, ref: (f"{lv.requests_per_s:,.0f} req/s (p99 {lv.p99_ms:.1f} ms, {lv.concurrency} conns) = "
-                                   f"{lv.requests_per_s / ref:.2f}x" if lv else "none")
-            lines.append(f"- {model}, {ours.system}: within the {SLO_P99_MS:.0f} ms SLO {fmt(at_slo, best.requests_per_s)}; "
-                         f"at p99 <= {best.p99_ms:.1f} ms (the best peer's) {fmt(at_peer_p99, best.requests_per_s)} "
-                         f"the best peer, {best_row.system} ({best.requests_per_s:,.0f} req/s at {best.concurrency} conns)")
+            fmt = lambda lv, ref: (  # noqa: E731
+                f"{lv.requests_per_s:,.0f} req/s (p99 {lv.p99_ms:.1f} ms, {lv.concurrency} conns) = "
+                f"{lv.requests_per_s / ref:.2f}x"
+                if lv
+                else "none"
+            )
+            lines.append(
+                f"- {model}, {ours.system}: within the {SLO_P99_MS:.0f} ms SLO {fmt(at_slo, best.requests_per_s)}; "
+                f"at p99 <= {best.p99_ms:.1f} ms (the best peer's) {fmt(at_peer_p99, best.requests_per_s)} "
+                f"the best peer, {best_row.system} ({best.requests_per_s:,.0f} req/s at {best.concurrency} conns)"
+            )
     return lines
 
 
-def report(rows: list[Row], phases: list[Phase], install_errors: dict[str, str], args: argparse.Namespace,
-           command: str) -> str:
+def report(
+    rows: list[Row], phases: list[Phase], install_errors: dict[str, str], args: argparse.Namespace, command: str
+) -> str:
     summary = []
     for model in MODELS:
         for r in (r for r in rows if r.model == model):
             best = r.best_within(SLO_P99_MS)
             top = max(r.levels, key=lambda lv: lv.requests_per_s)
-            summary.append([r.system, model, f"{best.requests_per_s:,.0f} @ {best.concurrency}" if best else "none",
-                            f"{best.p99_ms:.1f}" if best else "-", f"{best.cpu_s_per_1000:.2f}" if best else "-",
-                            f"{top.requests_per_s:,.0f} @ {top.concurrency}", f"{top.p99_ms:.1f}"])
-    full = [[r.system, r.model, lv.concurrency, lv.requests_per_s, lv.p50_ms, lv.p99_ms, lv.errors,
-             f"{lv.cpu_s_per_1000:.2f}", f"{lv.cpu_s_per_1000 * lv.requests_per_s / 10:.0f}%",
-             f"{lv.mean_batch:.1f}" if lv.mean_batch else "-"]
-            for r in rows for lv in r.levels]
+            summary.append(
+                [
+                    r.system,
+                    model,
+                    f"{best.requests_per_s:,.0f} @ {best.concurrency}" if best else "none",
+                    f"{best.p99_ms:.1f}" if best else "-",
+                    f"{best.cpu_s_per_1000:.2f}" if best else "-",
+                    f"{top.requests_per_s:,.0f} @ {top.concurrency}",
+                    f"{top.p99_ms:.1f}",
+                ]
+            )
+    full = [
+        [
+            r.system,
+            r.model,
+            lv.concurrency,
+            lv.requests_per_s,
+            lv.p50_ms,
+            lv.p99_ms,
+            lv.errors,
+            f"{lv.cpu_s_per_1000:.2f}",
+            f"{lv.cpu_s_per_1000 * lv.requests_per_s / 10:.0f}%",
+            f"{lv.mean_batch:.1f}" if lv.mean_batch else "-",
+        ]
+        for r in rows
+        for lv in r.levels
+    ]
     bodies = sorted({(r.system, r.model, r.body) for r in rows})
     failures = [f"- {name}: install failed: {err}" for name, err in install_errors.items()]
     failures += [f"- {p.system}: {p.error}" for p in phases if p.error]
-    settings = [f"- BatchPilot {batchpilot_version}: static = `BATCHPILOT_MODEL_SPECS` with autotune off, max batch "
-                f"{MAX_BATCH}, max queue delay {MAX_WAIT_MS:.0f} ms; autotune = the demo specs (start 16 / 2 ms, "
-                "bounds batch 1..64, delay 0..10 ms, p99 SLO 50 ms); one process, torch 1 thread"]
+    settings = [
+        f"- BatchPilot {batchpilot_version}: static = `BATCHPILOT_MODEL_SPECS` with autotune off, max batch "
+        f"{MAX_BATCH}, max queue delay {MAX_WAIT_MS:.0f} ms; autotune = the demo specs (start 16 / 2 ms, "
+        "bounds batch 1..64, delay 0..10 ms, p99 SLO 50 ms); one process, torch 1 thread"
+    ]
     present = {system_key(r.system) for r in rows} | {system_key(p.system) for p in phases}
     settings += [f"- {p.label}: {p.settings}" for p in PEERS.values() if p.key in present]
     vers = [f"- {k}: " + ", ".join(f"{n} {v}" for n, v in d.items()) for k, d in args.versions.items()]
-    commands = [f"- {p.system}: `{shlex.join(p.command)}` ("
-                + (f"{p.processes} processes on core(s) {p.cpus}; " if p.processes else "") + "load average before: "
-                f"{' '.join(f'{x:.2f}' for x in p.load_before)}; waited {p.lock_wait_s:.0f} s for the lock)"
-                for p in phases]
-    return "\n\n".join([
-        "# BatchPilot vs its peers (same models, same load generator)",
-        f"Run {datetime.datetime.now().isoformat(timespec='minutes')}. Machine: {machine()}. Server pinned to core "
-        f"{SERVER_CPU} (`taskset -c {SERVER_CPU}`, its whole process tree; torch 1 thread), `wrk -t1` pinned to core "
-        f"{CLIENT_CPU}, {args.duration} s per level after a 2 s warm-up, concurrency {args.levels}. Every phase (a "
-        f"server up plus its wrk runs) held `/tmp/batchpilot-bench.lock`; other engineers' unlocked work (tests) may "
-        f"still have shared the cores, see the load averages below. One command reproduces every row: "
-        f"`.venv/bin/python bench/peers_bench.py`" + ("" if command.endswith("peers_bench.py") else
-                                                      f" (this page was assembled by `{command}`)") + ".",
-        "Throughput is wrk's requests/s; p50/p99 from `wrk --latency`; CPU s / 1000 req is the server process tree's "
-        "utime+stime (children and inference workers included) over the level, per 1000 completed requests. "
-        f"'best within SLO' = the highest throughput whose p99 <= {SLO_P99_MS:.0f} ms with no errors.",
-        "## Ratios (CV is the headline)", "\n".join(ratio_lines(rows)),
-        "## Summary", table(["system", "model", f"best req/s within p99 {SLO_P99_MS:.0f} ms @ conns", "p99 ms",
-                             "CPU s / 1000 req", "peak req/s @ conns", "p99 ms at peak"], summary),
-        "## Every level", "'server core busy' = CPU s / 1000 req x req/s: well below 100% while latency grows means "
-        "the server was starved (other work on the machine) or waits on its own window.",
-        table(["system", "model", "conns", "req/s", "p50 ms", "p99 ms", "errors", "CPU s / 1000 req", "server core busy",
-               "mean batch"], full),
-        "![throughput vs concurrency](peers-throughput.png)", "![p99 vs throughput](peers-p99.png)",
-        "## Failures", "\n".join(failures) or "none",
-        *(["## Notes", "\n".join(f"- {n}" for n in args.note)] if args.note else []),
-        "## Request bodies (the same prebuilt body every request; wrk POSTs it from a Lua script)",
-        "\n".join(f"- {s} / {m}: {b}" for s, m, b in bodies) + f"\n- NLP: a fixed {SEQ_LEN}-token sequence, so every "
-        "system runs the same [batch, 32] forward (peers pass an all-ones attention mask; BatchPilot builds the same mask).",
-        "## Batching settings", "\n".join(settings),
-        "## Versions (each peer in its own venv under .bench-venvs/)", "\n".join(vers),
-        "## Exact server commands", "\n".join(commands),
-        "wrk: `taskset -c 1 wrk -t1 -cN -dDs --latency -s post.lua URL` (post.lua sets method POST, the body file and headers).",
-    ]) + "\n"
+    commands = [
+        f"- {p.system}: `{shlex.join(p.command)}` ("
+        + (f"{p.processes} processes on core(s) {p.cpus}; " if p.processes else "")
+        + "load average before: "
+        f"{' '.join(f'{x:.2f}' for x in p.load_before)}; waited {p.lock_wait_s:.0f} s for the lock)"
+        for p in phases
+    ]
+    return (
+        "\n\n".join(
+            [
+                "# BatchPilot vs its peers (same models, same load generator)",
+                f"Run {datetime.datetime.now().isoformat(timespec='minutes')}. Machine: {machine()}. Server pinned to core "
+                f"{SERVER_CPU} (`taskset -c {SERVER_CPU}`, its whole process tree; torch 1 thread), `wrk -t1` pinned to core "
+                f"{CLIENT_CPU}, {args.duration} s per level after a 2 s warm-up, concurrency {args.levels}. Every phase (a "
+                f"server up plus its wrk runs) held `/tmp/batchpilot-bench.lock`; other engineers' unlocked work (tests) may "
+                f"still have shared the cores, see the load averages below. One command reproduces every row: "
+                f"`.venv/bin/python bench/peers_bench.py`"
+                + ("" if command.endswith("peers_bench.py") else f" (this page was assembled by `{command}`)")
+                + ".",
+                "Throughput is wrk's requests/s; p50/p99 from `wrk --latency`; CPU s / 1000 req is the server process tree's "
+                "utime+stime (children and inference workers included) over the level, per 1000 completed requests. "
+                f"'best within SLO' = the highest throughput whose p99 <= {SLO_P99_MS:.0f} ms with no errors.",
+                "## Ratios (CV is the headline)",
+                "\n".join(ratio_lines(rows)),
+                "## Summary",
+                table(
+                    [
+                        "system",
+                        "model",
+                        f"best req/s within p99 {SLO_P99_MS:.0f} ms @ conns",
+                        "p99 ms",
+                        "CPU s / 1000 req",
+                        "peak req/s @ conns",
+                        "p99 ms at peak",
+                    ],
+                    summary,
+                ),
+                "## Every level",
+                "'server core busy' = CPU s / 1000 req x req/s: well below 100% while latency grows means "
+                "the server was starved (other work on the machine) or waits on its own window.",
+                table(
+                    [
+                        "system",
+                        "model",
+                        "conns",
+                        "req/s",
+                        "p50 ms",
+                        "p99 ms",
+                        "errors",
+                        "CPU s / 1000 req",
+                        "server core busy",
+                        "mean batch",
+                    ],
+                    full,
+                ),
+                "![throughput vs concurrency](peers-throughput.png)",
+                "![p99 vs throughput](peers-p99.png)",
+                "## Failures",
+                "\n".join(failures) or "none",
+                *(["## Notes", "\n".join(f"- {n}" for n in args.note)] if args.note else []),
+                "## Request bodies (the same prebuilt body every request; wrk POSTs it from a Lua script)",
+                "\n".join(f"- {s} / {m}: {b}" for s, m, b in bodies)
+                + f"\n- NLP: a fixed {SEQ_LEN}-token sequence, so every "
+                "system runs the same [batch, 32] forward (peers pass an all-ones attention mask; BatchPilot builds the same mask).",
+                "## Batching settings",
+                "\n".join(settings),
+                "## Versions (each peer in its own venv under .bench-venvs/)",
+                "\n".join(vers),
+                "## Exact server commands",
+                "\n".join(commands),
+                "wrk: `taskset -c 1 wrk -t1 -cN -dDs --latency -s post.lua URL` (post.lua sets method POST, the body file and headers).",
+            ]
+        )
+        + "\n"
+    )
 
 
 def system_key(label: str) -> str:
@@ -430,29 +643,53 @@ def system_key(label: str) -> str:
     return next(p.key for p in PEERS.values() if label.startswith(p.label))
 
 
-def load_results(path: Path, replaced: set[str], install_errors: dict[str, str],
-                 versions_now: dict[str, dict[str, str]]) -> tuple[list[Row], list[Phase], dict[str, str], dict]:
+def load_results(
+    path: Path, replaced: set[str], install_errors: dict[str, str], versions_now: dict[str, dict[str, str]]
+) -> tuple[list[Row], list[Phase], dict[str, str], dict]:
     """An earlier run's rows and phases, minus those of the systems about to be measured again."""
     if not path.exists():
         return [], [], install_errors, versions_now
     doc = json.loads(path.read_text())
     rows = [Row(r["system"], r["model"], r["body"], [Level(**lv) for lv in r["levels"]]) for r in doc["rows"]]
     phases = [Phase(**{**p, "load_before": tuple(p["load_before"])}) for p in doc["phases"]]
-    keep = lambda label: system_key(label) not in replaced
+
+    def keep(label: str) -> bool:
+        return system_key(label) not in replaced
+
     errors = {k: v for k, v in doc.get("install_errors", {}).items() if keep(k)} | install_errors
-    return ([r for r in rows if keep(r.system)], [p for p in phases if keep(p.system)], errors,
-            {**doc.get("versions", {}), **versions_now})
+    return (
+        [r for r in rows if keep(r.system)],
+        [p for p in phases if keep(p.system)],
+        errors,
+        {**doc.get("versions", {}), **versions_now},
+    )
 
 
-def save(path: Path, rows: list[Row], phases: list[Phase], install_errors: dict[str, str], args: argparse.Namespace,
-         command: str) -> None:
+def save(
+    path: Path,
+    rows: list[Row],
+    phases: list[Phase],
+    install_errors: dict[str, str],
+    args: argparse.Namespace,
+    command: str,
+) -> None:
     order = {key: i for i, key in enumerate(SYSTEMS)}
     rows.sort(key=lambda r: order[system_key(r.system)])  # stable: measured order within a system
-    path.write_text(json.dumps({
-        "command": command, "levels": args.levels, "duration": args.duration, "rows": [asdict(r) for r in rows],
-        "phases": [asdict(p) for p in phases], "install_errors": install_errors, "versions": args.versions,
-        "notes": args.note,
-    }, indent=1))
+    path.write_text(
+        json.dumps(
+            {
+                "command": command,
+                "levels": args.levels,
+                "duration": args.duration,
+                "rows": [asdict(r) for r in rows],
+                "phases": [asdict(p) for p in phases],
+                "install_errors": install_errors,
+                "versions": args.versions,
+                "notes": args.note,
+            },
+            indent=1,
+        )
+    )
 
 
 def main() -> int:
@@ -461,8 +698,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=f"concurrency {QUICK_CONCURRENCY}, 4 s per level")
     parser.add_argument("--duration", type=int, help="seconds per level (default 10, --quick 4)")
     parser.add_argument("--install-only", action="store_true")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the other systems' rows of an earlier run (OUT/peers.json); replace only --peers")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other systems' rows of an earlier run (OUT/peers.json); replace only --peers",
+    )
     parser.add_argument("--report-only", action="store_true", help="re-render the page and plots from OUT/peers.json")
     parser.add_argument("--note", action="append", default=[], help="a caveat for the page (kept in OUT/peers.json)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
@@ -495,8 +735,9 @@ def main() -> int:
     phases: list[Phase] = []
     saved = args.out / "peers.json"
     if args.merge or args.report_only:
-        rows, phases, install_errors, args.versions = load_results(saved, set() if args.report_only else set(args.systems),
-                                                                   install_errors, args.versions)
+        rows, phases, install_errors, args.versions = load_results(
+            saved, set() if args.report_only else set(args.systems), install_errors, args.versions
+        )
         if saved.exists():
             args.note = json.loads(saved.read_text()).get("notes", []) + args.note
         if args.report_only and saved.exists():

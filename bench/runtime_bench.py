@@ -25,15 +25,23 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    CLIENT_CPU, ROOT, SERVER_CPU, batchpilot_server, raw_throughput, stock_kserve_server, table, v2_json_body, wrk,
+from common import (
+    CLIENT_CPU,
+    ROOT,
+    SERVER_CPU,
+    batchpilot_server,
+    raw_throughput,
+    stock_kserve_server,
+    table,
+    v2_json_body,
+    wrk,
 )
-from models import write_bench_models  # noqa: E402
+from models import write_bench_models
 
-from batchpilot.perfa import run_perf_analyzer  # noqa: E402
-from batchpilot.runtime.demo import perf_analyzer_token_data, v2_binary_body  # noqa: E402
-from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository  # noqa: E402
-from batchpilot.runtime.repository import SPECS_ENV  # noqa: E402
+from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
+from batchpilot.runtime.repository import SPECS_ENV
+from batchpilot.testing.perfa import run_perf_analyzer
+from batchpilot.testing.requests import perf_analyzer_token_data, v2_binary_body
 
 CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
@@ -53,12 +61,15 @@ def raw_section() -> dict[str, dict[int, float]]:
     for name, (spec, module) in build_demo_modules().items():
         scripted = torch.jit.script(module)
         if spec.type == "nlp":
+
             def make(b: int):
                 ids = torch.randint(1, 8000, (b, NLP_MEAN_LENGTH))
                 return ids, torch.ones_like(ids)
         else:
+
             def make(b: int):
                 return (torch.randn(b, 3, 64, 64),)
+
         rates[name] = raw_throughput(scripted, make, BATCHES)
     os.sched_setaffinity(0, {int(CLIENT_CPU)})
     return rates
@@ -77,7 +88,10 @@ def sweep_section(repo: Path, work: Path, quick: bool) -> dict[tuple[str, str], 
     """perf_analyzer, one concurrency level per run so each level's mean batch size can be read."""
     levels = [1, 8, 32] if quick else CONCURRENCY
     window = ["-p", "1500" if quick else "2500", "-s", "15", "--max-trials", "8"]
-    data = {"textcls": ["--input-data", str(perf_analyzer_token_data(work / "tokens.json", count=64))], "resnet-mini": []}
+    data = {
+        "textcls": ["--input-data", str(perf_analyzer_token_data(work / "tokens.json", count=64))],
+        "resnet-mini": [],
+    }
     results: dict[tuple[str, str], list[dict]] = {}
     for mode, extra in (("batching", ()), ("no batching", ("--no-batching",))):
         with batchpilot_server(repo, *extra, env={SPECS_ENV: static_specs()}) as (port, _):
@@ -89,8 +103,11 @@ def sweep_section(repo: Path, work: Path, quick: bool) -> dict[tuple[str, str], 
                     after = stats(port, model)
                     row["mean_batch"] = (after[0] - before[0]) / max(1, after[1] - before[1])
                     rows.append(row)
-                    print(f"  {model:12s} {mode:12s} c={c:3d} {row['infer_per_s']:8.1f} infer/s "
-                          f"p99 {row['p99_us'] / 1e3:7.2f} ms  mean batch {row['mean_batch']:.1f}", flush=True)
+                    print(
+                        f"  {model:12s} {mode:12s} c={c:3d} {row['infer_per_s']:8.1f} infer/s "
+                        f"p99 {row['p99_us'] / 1e3:7.2f} ms  mean batch {row['mean_batch']:.1f}",
+                        flush=True,
+                    )
                 results[(model, mode)] = rows
     return results
 
@@ -103,27 +120,69 @@ def interpolate(rates: dict[int, float], batch: float) -> float:
 def stack_section(repo: Path, work: Path, quick: bool) -> list[list[object]]:
     duration = 5 if quick else 10
     cases = [
-        ("trivial, v2 JSON", "trivial", "y", repo / "trivial" / "model.pt",
-         v2_json_body("x", "FP32", [1, 4], [0.5, 1.5, 2.5, 3.5]), {"Content-Type": "application/json"}),
-        ("1x3x224x224, v2 binary", "image224", "features", repo / "image224" / "model.pt",
-         *v2_binary_body("image", "FP32", np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32), ["features"])),
+        (
+            "trivial, v2 JSON",
+            "trivial",
+            "y",
+            repo / "trivial" / "model.pt",
+            v2_json_body("x", "FP32", [1, 4], [0.5, 1.5, 2.5, 3.5]),
+            {"Content-Type": "application/json"},
+        ),
+        (
+            "1x3x224x224, v2 binary",
+            "image224",
+            "features",
+            repo / "image224" / "model.pt",
+            *v2_binary_body(
+                "image",
+                "FP32",
+                np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32),
+                ["features"],
+            ),
+        ),
     ]
     rows = []
     for label, model, output, path, body, headers in cases:
         measured = {}
         with batchpilot_server(repo) as (port, _):
             for c in (8, 32):
-                measured[("BatchPilot", c)] = wrk(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, headers,
-                                                  connections=c, duration_s=duration, workdir=work)
+                measured[("BatchPilot", c)] = wrk(
+                    f"http://127.0.0.1:{port}/v2/models/{model}/infer",
+                    body,
+                    headers,
+                    connections=c,
+                    duration_s=duration,
+                    workdir=work,
+                )
         with stock_kserve_server(path, model, output) as port:
             for c in (8, 32):
-                measured[("stock KServe", c)] = wrk(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, headers,
-                                                    connections=c, duration_s=duration, workdir=work)
+                measured[("stock KServe", c)] = wrk(
+                    f"http://127.0.0.1:{port}/v2/models/{model}/infer",
+                    body,
+                    headers,
+                    connections=c,
+                    duration_s=duration,
+                    workdir=work,
+                )
         for c in (8, 32):
             ours, stock = measured[("BatchPilot", c)], measured[("stock KServe", c)]
-            rows.append([label, c, ours.requests_per_s, ours.p99_ms, ours.errors, stock.requests_per_s, stock.p99_ms,
-                         stock.errors, f"{ours.requests_per_s / max(stock.requests_per_s, 1e-9):.1f}x"])
-            print(f"  {label}: c={c} BatchPilot {ours.requests_per_s:.0f} req/s vs stock {stock.requests_per_s:.0f}", flush=True)
+            rows.append(
+                [
+                    label,
+                    c,
+                    ours.requests_per_s,
+                    ours.p99_ms,
+                    ours.errors,
+                    stock.requests_per_s,
+                    stock.p99_ms,
+                    stock.errors,
+                    f"{ours.requests_per_s / max(stock.requests_per_s, 1e-9):.1f}x",
+                ]
+            )
+            print(
+                f"  {label}: c={c} BatchPilot {ours.requests_per_s:.0f} req/s vs stock {stock.requests_per_s:.0f}",
+                flush=True,
+            )
     return rows
 
 
@@ -134,7 +193,7 @@ def plot(raw: dict[str, dict[int, float]], sweep: dict[tuple[str, str], list[dic
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, model in zip(axes, ("resnet-mini", "textcls")):
+    for ax, model in zip(axes, ("resnet-mini", "textcls"), strict=False):
         for mode, style in (("batching", "o-"), ("no batching", "s--")):
             rows = sweep[(model, mode)]
             ax.plot([r["concurrency"] for r in rows], [r["infer_per_s"] for r in rows], style, label=f"served, {mode}")
@@ -167,43 +226,91 @@ def main() -> int:
         print("3-4. serving stack vs stock KServe (wrk) ...", flush=True)
         stack = stack_section(repo, work, args.quick)
 
-    raw_table = table(["model", *[f"batch {b}" for b in BATCHES]], [[m, *[r[b] for b in BATCHES]] for m, r in raw.items()])
+    raw_table = table(
+        ["model", *[f"batch {b}" for b in BATCHES]], [[m, *[r[b] for b in BATCHES]] for m, r in raw.items()]
+    )
     sweep_rows, verdicts = [], []
     for model in ("resnet-mini", "textcls"):
         on, off = sweep[(model, "batching")], sweep[(model, "no batching")]
-        for a, b in zip(on, off):
+        for a, b in zip(on, off, strict=False):
             served_raw = a["infer_per_s"] / interpolate(raw[model], a["mean_batch"])
-            sweep_rows.append([model, a["concurrency"], a["infer_per_s"], a["p99_us"] / 1e3, a["mean_batch"],
-                               f"{served_raw:.2f}", b["infer_per_s"], b["p99_us"] / 1e3,
-                               f"{a['infer_per_s'] / b['infer_per_s']:.2f}x"])
+            sweep_rows.append(
+                [
+                    model,
+                    a["concurrency"],
+                    a["infer_per_s"],
+                    a["p99_us"] / 1e3,
+                    a["mean_batch"],
+                    f"{served_raw:.2f}",
+                    b["infer_per_s"],
+                    b["p99_us"] / 1e3,
+                    f"{a['infer_per_s'] / b['infer_per_s']:.2f}x",
+                ]
+            )
         high = [r for r in on if r["concurrency"] >= 32]
         ratio = min(r["infer_per_s"] / interpolate(raw[model], r["mean_batch"]) for r in high)
         best_on = max(high, key=lambda r: r["infer_per_s"])
         served_gain = best_on["infer_per_s"] / max(r["infer_per_s"] for r in off)
         raw_gain = interpolate(raw[model], best_on["mean_batch"]) / raw[model][1]
-        verdicts.append(f"- {model}: served/raw at concurrency >= 32 (2x max batch 16): {ratio:.2f} (target >= 0.85: "
-                        f"{'met' if ratio >= 0.85 else 'NOT met'}); batching gain served {served_gain:.2f}x vs raw gain "
-                        f"{raw_gain:.2f}x at batch {best_on['mean_batch']:.1f} = {served_gain / raw_gain:.2f} "
-                        f"(target >= 0.8: {'met' if served_gain / raw_gain >= 0.8 else 'NOT met'})")
-    sweep_table = table(["model", "clients", "batching infer/s", "p99 ms", "mean batch", "served/raw",
-                         "no batching infer/s", "p99 ms", "gain"], sweep_rows)
-    stack_table = table(["workload", "clients", "BatchPilot req/s", "p99 ms", "errors", "stock KServe req/s", "p99 ms",
-                         "errors", "ratio"], stack)
+        verdicts.append(
+            f"- {model}: served/raw at concurrency >= 32 (2x max batch 16): {ratio:.2f} (target >= 0.85: "
+            f"{'met' if ratio >= 0.85 else 'NOT met'}); batching gain served {served_gain:.2f}x vs raw gain "
+            f"{raw_gain:.2f}x at batch {best_on['mean_batch']:.1f} = {served_gain / raw_gain:.2f} "
+            f"(target >= 0.8: {'met' if served_gain / raw_gain >= 0.8 else 'NOT met'})"
+        )
+    sweep_table = table(
+        [
+            "model",
+            "clients",
+            "batching infer/s",
+            "p99 ms",
+            "mean batch",
+            "served/raw",
+            "no batching infer/s",
+            "p99 ms",
+            "gain",
+        ],
+        sweep_rows,
+    )
+    stack_table = table(
+        [
+            "workload",
+            "clients",
+            "BatchPilot req/s",
+            "p99 ms",
+            "errors",
+            "stock KServe req/s",
+            "p99 ms",
+            "errors",
+            "ratio",
+        ],
+        stack,
+    )
     for row in stack:
         target = 2.5 if row[0].startswith("trivial") else 20.0
         ratio = row[2] / max(row[5], 1e-9)
-        verdicts.append(f"- {row[0]} at {row[1]} clients: {ratio:.1f}x stock KServe (target >= {target}x: "
-                        f"{'met' if ratio >= target else 'NOT met'})")
+        verdicts.append(
+            f"- {row[0]} at {row[1]} clients: {ratio:.1f}x stock KServe (target >= {target}x: "
+            f"{'met' if ratio >= target else 'NOT met'})"
+        )
     plot(raw, sweep, args.out / "runtime.png")
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, python {platform.python_version()}"
-    page = "\n\n".join([
-        "# Runtime benchmark", f"Machine: {machine}. Server pinned to core {SERVER_CPU} (torch 1 thread), "
-        f"load generator on core {CLIENT_CPU}. Command: `.venv/bin/python bench/runtime_bench.py{' --quick' if args.quick else ''}`.",
-        "## The model alone (items/s, one thread)", raw_table,
-        "## perf_analyzer over HTTP, batching (static 16 / 2 ms) vs none", sweep_table,
-        "## Serving stack vs stock KServe 0.21 (same wrk client)", stack_table,
-        "## Targets", "\n".join(verdicts), "![throughput vs concurrency](runtime.png)",
-    ])
+    page = "\n\n".join(
+        [
+            "# Runtime benchmark",
+            f"Machine: {machine}. Server pinned to core {SERVER_CPU} (torch 1 thread), "
+            f"load generator on core {CLIENT_CPU}. Command: `.venv/bin/python bench/runtime_bench.py{' --quick' if args.quick else ''}`.",
+            "## The model alone (items/s, one thread)",
+            raw_table,
+            "## perf_analyzer over HTTP, batching (static 16 / 2 ms) vs none",
+            sweep_table,
+            "## Serving stack vs stock KServe 0.21 (same wrk client)",
+            stack_table,
+            "## Targets",
+            "\n".join(verdicts),
+            "![throughput vs concurrency](runtime.png)",
+        ]
+    )
     (args.out / "runtime.md").write_text(page + "\n")
     print("\n" + page)
     return 0

@@ -25,11 +25,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 from bench.common import bench_lock  # noqa: E402 - benchmarks on this shared machine never overlap
-from test_hardening_server import Served, exchange, server_process  # noqa: E402
 
-from batchpilot.runtime.demo import demo_requests  # noqa: E402
 from batchpilot.runtime.demo_models import write_demo_repository  # noqa: E402
-from batchpilot.runtime.loadgen import run_load  # noqa: E402
+from batchpilot.testing.loadgen import run_load  # noqa: E402
+from batchpilot.testing.requests import demo_requests  # noqa: E402
+from test_hardening_server import Served, exchange, server_process  # noqa: E402
 
 RSS_EVERY_S = 5.0
 
@@ -112,19 +112,31 @@ def main() -> int:
         with server_process(repository, Path(tmp) / "server.log") as served:
             requests = demo_requests(args.model, f"127.0.0.1:{served.http}", count=256)
             asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=8, duration_s=3.0))  # warm-up
-            capacity = asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=32, duration_s=10.0)).throughput
+            capacity = asyncio.run(
+                run_load("127.0.0.1", served.http, requests, concurrency=32, duration_s=10.0)
+            ).throughput
             rate = args.load * capacity
-            print(f"capacity {capacity:.1f} req/s; soaking at {rate:.1f} req/s for {args.duration:.0f} s ...", flush=True)
+            print(
+                f"capacity {capacity:.1f} req/s; soaking at {rate:.1f} req/s for {args.duration:.0f} s ...", flush=True
+            )
             result = asyncio.run(soak(served, requests, rate, args.duration))
             code = served.stop()
     rss = [mib for _, mib in result.rss]
     lat = np.array(result.latencies_s) * 1e3
     rows = [
-        ("model", args.model), ("capacity (req/s)", f"{capacity:.1f}"), ("target rate (req/s)", f"{rate:.1f}"),
+        ("model", args.model),
+        ("capacity (req/s)", f"{capacity:.1f}"),
+        ("target rate (req/s)", f"{rate:.1f}"),
         ("achieved rate (req/s)", f"{sum(result.statuses.values()) / args.duration:.1f}"),
-        ("requests sent", result.sent), ("answers by status", result.statuses), ("no answer", result.failures), ("re-sent after a stale keep-alive", result.stale_retries),
+        ("requests sent", result.sent),
+        ("answers by status", result.statuses),
+        ("no answer", result.failures),
+        ("re-sent after a stale keep-alive", result.stale_retries),
         ("errors (goal 0)", result.errors),
-        ("latency p50 / p99 / max (ms)", f"{np.percentile(lat, 50):.1f} / {np.percentile(lat, 99):.1f} / {lat.max():.1f}" if lat.size else "-"),
+        (
+            "latency p50 / p99 / max (ms)",
+            f"{np.percentile(lat, 50):.1f} / {np.percentile(lat, 99):.1f} / {lat.max():.1f}" if lat.size else "-",
+        ),
         ("RSS start / max / end (MiB)", f"{rss[0]:.0f} / {max(rss):.0f} / {rss[-1]:.0f}"),
         ("RSS growth (MiB)", f"{rss[-1] - rss[0]:+.1f}"),
         ("server exit status", code),

@@ -16,13 +16,12 @@ RUN python -m venv /opt/venv \
  && groupadd --gid 10001 batchpilot \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin batchpilot
 
-# Dependencies exactly as pyproject.toml lists them, in their own layer. The operator never runs a model: the
-# PyTorch CPU index supplies torch==2.13.0+cpu (about a tenth of the CUDA wheel's size), which pip prefers to the
-# plain 2.13.0 it satisfies equally.
+# The base dependencies and the `operator` extra exactly as pyproject.toml lists them (no torch, no kserve: the
+# operator never runs a model), in their own layer.
 RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=docker/requirements.py,target=/src/requirements.py \
-    python /src/requirements.py /src/pyproject.toml > /tmp/requirements.txt \
- && pip install --extra-index-url https://download.pytorch.org/whl/cpu -r /tmp/requirements.txt \
+    python /src/requirements.py /src/pyproject.toml operator > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 
 # The package itself; the sources stay out of the image.

@@ -24,14 +24,15 @@ RUN apt-get update \
  && groupadd --gid 10001 batchpilot \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin batchpilot
 
-# Dependencies exactly as pyproject.toml lists them (torch==2.13.0, kserve==0.21.0, ...), in their own layer.
+# The base dependencies and the `runtime` extra exactly as pyproject.toml lists them (torch==2.13.0, kserve==0.21.0,
+# ...; no kopf), in their own layer.
 RUN --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
     --mount=type=bind,source=docker/requirements.py,target=/src/requirements.py \
-    python /src/requirements.py /src/pyproject.toml > /tmp/requirements.txt \
+    python /src/requirements.py /src/pyproject.toml runtime > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 
-# The package itself (pyproject maps batchpilot/, runtime/ and operator/); the sources stay out of the image.
+# The package itself (src/batchpilot); the sources stay out of the image.
 RUN --mount=type=bind,target=/src,rw pip install --no-deps /src
 
 USER 10001:10001

@@ -35,17 +35,34 @@ def render_chart(values: dict[str, Any] | None = None) -> tuple[list[dict[str, A
     """(CRDs from the chart's crds/, everything its templates render), by the real Helm engine."""
     chart = helm_python.Chart.load(str(CHART_DIR))
     rendered = chart.render(values or {}, name=RELEASE, namespace=CHART_NAMESPACE, is_install=True)
-    objects = [doc for path, text in sorted(rendered.items()) if not path.endswith("NOTES.txt")
-               for doc in yaml.safe_load_all(text) if doc]
-    crds = [doc for path in sorted((CHART_DIR / "crds").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())
-            if doc]
+    objects = [
+        doc
+        for path, text in sorted(rendered.items())
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+    crds = [
+        doc
+        for path in sorted((CHART_DIR / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
     return crds, objects
 
 
 def apply(cluster: LocalCluster, objects: list[dict[str, Any]], *extra: str, kubeconfig: Path | None = None) -> str:
     """`kubectl apply --server-side -f -` of `objects`, as a user pipes `helm template` into it."""
-    return cluster.kubectl("apply", "--server-side", "--field-manager=e2e", *extra, "-f", "-",
-                           kubeconfig=kubeconfig, stdin=yaml.safe_dump_all(objects, sort_keys=False))
+    return cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=e2e",
+        *extra,
+        "-f",
+        "-",
+        kubeconfig=kubeconfig,
+        stdin=yaml.safe_dump_all(objects, sort_keys=False),
+    )
 
 
 def install_chart(cluster: LocalCluster) -> list[dict[str, Any]]:
@@ -65,7 +82,7 @@ def get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
 def maybe_get(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
     try:
         return get(cluster, *args)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         if "NotFound" in str(error) or "not found" in str(error):
             return None
         raise
@@ -89,8 +106,9 @@ class OperatorProcess:
 
 
 @contextlib.contextmanager
-def operator(chart_objects: list[dict[str, Any]], kubeconfig: Path, proxy: ServiceProxy,
-             log: Path) -> Iterator[OperatorProcess]:
+def operator(
+    chart_objects: list[dict[str, Any]], kubeconfig: Path, proxy: ServiceProxy, log: Path
+) -> Iterator[OperatorProcess]:
     """The chart's operator (refreshing status every second, text logs) until its liveness endpoint answers."""
     deployment = next(o for o in chart_objects if o["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -110,17 +128,24 @@ def alive(op: OperatorProcess) -> bool:
 
 
 @contextlib.contextmanager
-def run_operator(deployment: dict[str, Any], kubeconfig: Path, log: Path,
-                 env: dict[str, str] | None = None) -> Iterator[OperatorProcess]:
+def run_operator(
+    deployment: dict[str, Any], kubeconfig: Path, log: Path, env: dict[str, str] | None = None
+) -> Iterator[OperatorProcess]:
     """The operator as the chart's Deployment runs it (its command, args and env), as a local process:
     the liveness endpoint moved to a free loopback port, the cluster found through `kubeconfig`."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     port = free_port()
-    args = [a.replace("0.0.0.0:8080", f"127.0.0.1:{port}") if a.startswith("--liveness") else a
-            for a in container.get("args", [])]
+    args = [
+        a.replace("0.0.0.0:8080", f"127.0.0.1:{port}") if a.startswith("--liveness") else a
+        for a in container.get("args", [])
+    ]
     argv = [str(BIN / container["command"][0]), *container["command"][1:], *args]
-    child_env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env", []) if "value" in e},
-                 "KUBECONFIG": str(kubeconfig), **(env or {})}
+    child_env = {
+        **os.environ,
+        **{e["name"]: e["value"] for e in container.get("env", []) if "value" in e},
+        "KUBECONFIG": str(kubeconfig),
+        **(env or {}),
+    }
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=child_env)
     try:
@@ -144,7 +169,7 @@ class ServiceProxy:
         routes = self.routes
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 target = urllib.parse.urlsplit(self.path)
                 port = routes.get(target.hostname or "")
                 if port is None:
@@ -179,8 +204,12 @@ class ServiceProxy:
 
     def env(self) -> dict[str, str]:
         """For the operator: in-cluster http:// URLs through here, the API server (https, loopback) direct."""
-        return {"http_proxy": self.url, "HTTP_PROXY": self.url, "no_proxy": "127.0.0.1,localhost",
-                "NO_PROXY": "127.0.0.1,localhost"}
+        return {
+            "http_proxy": self.url,
+            "HTTP_PROXY": self.url,
+            "no_proxy": "127.0.0.1,localhost",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -21,9 +21,10 @@ for helpers in (TESTS / "operator", TESTS / "chart"):
     if str(helpers) not in sys.path:
         sys.path.insert(0, str(helpers))
 
+from clusterkit import CHART_NAMESPACE, ServiceProxy, install_chart, service_account_kubeconfig  # noqa: E402
+
 from batchpilot.devcluster import LocalCluster  # noqa: E402
 from batchpilot.devcluster.kserve import KServe  # noqa: E402
-from clusterkit import CHART_NAMESPACE, ServiceProxy, install_chart, service_account_kubeconfig  # noqa: E402
 
 TOOLS_BIN = Path(__file__).resolve().parents[1] / ".tools" / "bin"
 
@@ -47,13 +48,15 @@ def chart_objects(cluster: LocalCluster) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def operator_kubeconfig(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
-                        tmp_path_factory: pytest.TempPathFactory) -> Path:
+def operator_kubeconfig(
+    cluster: LocalCluster, chart_objects: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A kubeconfig with a token the API server issued for the chart's operator ServiceAccount."""
     deployment = next(o for o in chart_objects if o["kind"] == "Deployment")
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    return service_account_kubeconfig(cluster, CHART_NAMESPACE, account,
-                                      tmp_path_factory.mktemp("operator") / "kubeconfig")
+    return service_account_kubeconfig(
+        cluster, CHART_NAMESPACE, account, tmp_path_factory.mktemp("operator") / "kubeconfig"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,8 @@ from kmockkit import wait_for
 from batchpilot.devcluster import LocalCluster
 from batchpilot.devcluster.cluster import FAKE_NODE
 from batchpilot.devcluster.process import ClusterError, free_port
-from batchpilot.runtime.demo import child_process, get_json
 from batchpilot.runtime.demo_models import IMAGE_SIZE, NUM_CLASSES, TEXT_CLASSES, VOCAB_SIZE
+from batchpilot.testing.processes import child_process, get_json
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -67,6 +67,7 @@ spec:
 
 def test_operator_token_is_not_cluster_admin(cluster: LocalCluster, operator_kubeconfig: Path) -> None:
     """RBAC is enforced: the chart's ServiceAccount may do what OPERATOR_RULES grant, and nothing else."""
+
     def can(*what: str) -> bool:
         try:
             return cluster.kubectl("auth", "can-i", *what, kubeconfig=operator_kubeconfig).strip() == "yes"
@@ -93,8 +94,11 @@ def _lay_out(predictor_pod: dict[str, Any], store: Path, root: Path) -> dict[str
     """Put each model where the generated pod spec mounts it: KServe mounts `pvc://model-store/<sub>` at the
     container path (subPath <sub>); here that is a copy of store/<sub>. Returns container path -> local path."""
     spec = predictor_pod["spec"]
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec.get("volumes", [])
-              if "persistentVolumeClaim" in v}
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in spec.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
     container = next(c for c in spec["containers"] if c["name"] == "kserve-container")
     layout = {}
     for mount in container.get("volumeMounts", []):
@@ -119,8 +123,13 @@ def _runtime_from(container: dict[str, Any], layout: dict[str, str], log: Path) 
     local_repo = Path(next(iter(layout.values()))).parent
     http, grpc = free_port(), free_port()
     local = {"--model-repository": str(local_repo), "--http-port": str(http), "--grpc-port": str(grpc)}
-    argv = [str(BIN / container["command"][0]), *container["command"][1:],
-            *(local.get(flag, arg) for flag, arg in zip(["", *args], args, strict=False)), "--host", "127.0.0.1"]
+    argv = [
+        str(BIN / container["command"][0]),
+        *container["command"][1:],
+        *(local.get(flag, arg) for flag, arg in zip(["", *args], args, strict=False)),
+        "--host",
+        "127.0.0.1",
+    ]
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     probe = container["readinessProbe"]["httpGet"]["path"]
     with child_process(argv, f"http://127.0.0.1:{http}{probe}", env=env, log_path=log):
@@ -151,8 +160,13 @@ print(c.infer("textcls", [t]).as_numpy("logits").shape)
 """
 
 
-def test_flow(cluster: LocalCluster, chart_objects: list[dict[str, Any]], operator_kubeconfig: Path,
-              service_proxy: ServiceProxy, tmp_path: Path) -> None:
+def test_flow(
+    cluster: LocalCluster,
+    chart_objects: list[dict[str, Any]],
+    operator_kubeconfig: Path,
+    service_proxy: ServiceProxy,
+    tmp_path: Path,
+) -> None:
     assert triton_grpc  # imported in a child process: tritonclient's and KServe's gRPC protos clash here
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log") as op:
         cluster.kubectl("apply", "-f", "-", stdin=MANIFEST)
@@ -163,14 +177,23 @@ def test_flow(cluster: LocalCluster, chart_objects: list[dict[str, Any]], operat
         assert isvc["metadata"]["ownerReferences"][0]["uid"] == bm["metadata"]["uid"]
 
         # KServe's controller: a Deployment (Standard mode) whose pods kwok runs; the InferenceService Ready.
-        deployment = wait_for(lambda: maybe_get(cluster, "deployment", f"{NAME}-predictor", "-n", NAMESPACE),
-                              "KServe's predictor Deployment", timeout_s=90)
+        deployment = wait_for(
+            lambda: maybe_get(cluster, "deployment", f"{NAME}-predictor", "-n", NAMESPACE),
+            "KServe's predictor Deployment",
+            timeout_s=90,
+        )
         assert deployment["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
         pod = wait_for(lambda: _ready_pod(cluster, NAME), "a Ready predictor pod on kwok's node", timeout_s=120)
         assert pod["spec"]["nodeName"] == FAKE_NODE
-        isvc = wait_for(lambda: (i := get(cluster, "inferenceservice", NAME, "-n", NAMESPACE))
-                        and condition(i, "Ready").get("status") == "True" and i,
-                        "KServe to report the InferenceService Ready", timeout_s=120)
+        isvc = wait_for(
+            lambda: (
+                (i := get(cluster, "inferenceservice", NAME, "-n", NAMESPACE))
+                and condition(i, "Ready").get("status") == "True"
+                and i
+            ),
+            "KServe to report the InferenceService Ready",
+            timeout_s=120,
+        )
         internal = (isvc["status"].get("address") or {}).get("url") or isvc["status"]["url"]
 
         container = next(c for c in pod["spec"]["containers"] if c["name"] == "kserve-container")
@@ -180,14 +203,21 @@ def test_flow(cluster: LocalCluster, chart_objects: list[dict[str, Any]], operat
             service_proxy.routes[urllib.parse.urlsplit(internal).hostname or ""] = http
             # The runtime serves the operator's specs (maxBatchSize 8), not the folders' config.yaml (16).
             assert get_json(f"http://127.0.0.1:{http}/v2/models/resnet-mini/batching")["max_batch_size"] == 8
-            assert [_infer_http(http, m, i) for i, m in enumerate(["resnet-mini", "textcls"] * 4)] == \
-                   [(2, NUM_CLASSES), (2, TEXT_CLASSES)] * 4
-            grpc_out = subprocess.run([str(BIN / "python"), "-c", _GRPC_CLIENT, f"127.0.0.1:{grpc}", str(VOCAB_SIZE)],
-                                      capture_output=True, text=True, timeout=60)
+            assert [_infer_http(http, m, i) for i, m in enumerate(["resnet-mini", "textcls"] * 4)] == [
+                (2, NUM_CLASSES),
+                (2, TEXT_CLASSES),
+            ] * 4
+            grpc_out = subprocess.run(
+                [str(BIN / "python"), "-c", _GRPC_CLIENT, f"127.0.0.1:{grpc}", str(VOCAB_SIZE)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert grpc_out.stdout.strip() == f"(1, {TEXT_CLASSES})", grpc_out.stderr
 
-            bm = wait_for(lambda: _status_models_match(cluster, http), "status.models to match the runtime",
-                          timeout_s=60)
+            bm = wait_for(
+                lambda: _status_models_match(cluster, http), "status.models to match the runtime", timeout_s=60
+            )
             assert condition(bm, "Ready")["status"] == "True" and condition(bm, "Degraded")["status"] == "False"
             assert bm["status"]["url"] == isvc["status"]["url"]
             table = cluster.kubectl("get", "bm", NAME, "-n", NAMESPACE, "-o", "wide")
@@ -200,10 +230,22 @@ def test_flow(cluster: LocalCluster, chart_objects: list[dict[str, Any]], operat
         assert {"Created", "Ready"} <= reasons, reasons
 
         # A spec change: generation 2, the child patched (new specs in its env), KServe rolls the Deployment.
-        cluster.kubectl("patch", "bm", NAME, "-n", NAMESPACE, "--type=json", "-p", json.dumps(
-            [{"op": "replace", "path": "/spec/models/0/batching/maxBatchSize", "value": 4}]))
-        bm = wait_for(lambda: (b := get(cluster, "bm", NAME, "-n", NAMESPACE))
-                      and b["status"].get("observedGeneration") == 2 and b, "observedGeneration 2")
+        cluster.kubectl(
+            "patch",
+            "bm",
+            NAME,
+            "-n",
+            NAMESPACE,
+            "--type=json",
+            "-p",
+            json.dumps([{"op": "replace", "path": "/spec/models/0/batching/maxBatchSize", "value": 4}]),
+        )
+        bm = wait_for(
+            lambda: (
+                (b := get(cluster, "bm", NAME, "-n", NAMESPACE)) and b["status"].get("observedGeneration") == 2 and b
+            ),
+            "observedGeneration 2",
+        )
         assert bm["metadata"]["generation"] == 2
 
         def specs_env(obj: dict[str, Any], path: list[str]) -> list[dict[str, Any]]:
@@ -212,25 +254,51 @@ def test_flow(cluster: LocalCluster, chart_objects: list[dict[str, Any]], operat
             env = {e["name"]: e.get("value") for e in obj.get("env", [])}
             return json.loads(env.get("BATCHPILOT_MODEL_SPECS") or "[]")  # type: ignore[no-any-return]
 
-        wait_for(lambda: specs_env(get(cluster, "isvc", NAME, "-n", NAMESPACE), ["spec", "predictor", "model"])[0]
-                 ["batching"]["maxBatchSize"] == 4, "the InferenceService patched")
-        wait_for(lambda: next(
-            (json.loads(e["value"])[0]["batching"]["maxBatchSize"] for c in
-             get(cluster, "deployment", f"{NAME}-predictor", "-n", NAMESPACE)["spec"]["template"]["spec"]["containers"]
-             if c["name"] == "kserve-container" for e in c.get("env", []) if e["name"] == "BATCHPILOT_MODEL_SPECS"),
-            None) == 4, "KServe to roll the new specs into its Deployment", timeout_s=90)
+        wait_for(
+            lambda: (
+                specs_env(get(cluster, "isvc", NAME, "-n", NAMESPACE), ["spec", "predictor", "model"])[0]["batching"][
+                    "maxBatchSize"
+                ]
+                == 4
+            ),
+            "the InferenceService patched",
+        )
+        wait_for(
+            lambda: (
+                next(
+                    (
+                        json.loads(e["value"])[0]["batching"]["maxBatchSize"]
+                        for c in get(cluster, "deployment", f"{NAME}-predictor", "-n", NAMESPACE)["spec"]["template"][
+                            "spec"
+                        ]["containers"]
+                        if c["name"] == "kserve-container"
+                        for e in c.get("env", [])
+                        if e["name"] == "BATCHPILOT_MODEL_SPECS"
+                    ),
+                    None,
+                )
+                == 4
+            ),
+            "KServe to roll the new specs into its Deployment",
+            timeout_s=90,
+        )
         assert len(get(cluster, "isvc", "-n", NAMESPACE)["items"]) == 1
 
         cluster.kubectl("delete", "bm", NAME, "-n", NAMESPACE, "--wait=true", "--timeout=90s")
         wait_for(lambda: maybe_get(cluster, "isvc", NAME, "-n", NAMESPACE) is None, "the InferenceService gone")
-        wait_for(lambda: maybe_get(cluster, "deployment", f"{NAME}-predictor", "-n", NAMESPACE) is None,
-                 "KServe's Deployment garbage-collected", timeout_s=90)
+        wait_for(
+            lambda: maybe_get(cluster, "deployment", f"{NAME}-predictor", "-n", NAMESPACE) is None,
+            "KServe's Deployment garbage-collected",
+            timeout_s=90,
+        )
         assert alive(op)
 
 
 def _ready_pod(cluster: LocalCluster, isvc: str) -> dict[str, Any] | None:
     pods = get(cluster, "pods", "-n", NAMESPACE, "-l", f"serving.kserve.io/inferenceservice={isvc}")["items"]
-    ready = [p for p in pods if condition(p, "Ready").get("status") == "True" and not p["metadata"].get("deletionTimestamp")]
+    ready = [
+        p for p in pods if condition(p, "Ready").get("status") == "True" and not p["metadata"].get("deletionTimestamp")
+    ]
     return ready[0] if ready else None
 
 

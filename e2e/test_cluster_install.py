@@ -59,7 +59,9 @@ def test_chart_objects_accepted(cluster: LocalCluster, chart_objects: list[dict[
     role = _of_kind(chart_objects, "ClusterRole")
     assert get(cluster, "clusterrole", role["metadata"]["name"])["rules"]
     binding = _of_kind(chart_objects, "ClusterRoleBinding")
-    assert get(cluster, "clusterrolebinding", binding["metadata"]["name"])["roleRef"]["name"] == role["metadata"]["name"]
+    assert (
+        get(cluster, "clusterrolebinding", binding["metadata"]["name"])["roleRef"]["name"] == role["metadata"]["name"]
+    )
 
 
 def test_operator_deployment_pod_runs_on_kwok(cluster: LocalCluster, chart_objects: list[dict[str, Any]]) -> None:
@@ -69,14 +71,23 @@ def test_operator_deployment_pod_runs_on_kwok(cluster: LocalCluster, chart_objec
 
     def running_pod() -> dict[str, Any] | None:
         pods = get(cluster, "pods", "-n", CHART_NAMESPACE, "-l", selector)["items"]
-        ready = [p for p in pods if p["status"].get("phase") == "Running" and condition(p, "Ready").get("status") == "True"]
+        ready = [
+            p for p in pods if p["status"].get("phase") == "Running" and condition(p, "Ready").get("status") == "True"
+        ]
         return ready[0] if ready else None
 
     pod = wait_for(running_pod, f"a Running, Ready pod of Deployment {name}", timeout_s=90)
     assert pod["spec"]["nodeName"] == FAKE_NODE
     assert pod["spec"]["serviceAccountName"] == deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    live = wait_for(lambda: (d := maybe_get(cluster, "deployment", name, "-n", CHART_NAMESPACE))
-                    and d["status"].get("availableReplicas") == 1 and d, f"Deployment {name} available", timeout_s=60)
+    live = wait_for(
+        lambda: (
+            (d := maybe_get(cluster, "deployment", name, "-n", CHART_NAMESPACE))
+            and d["status"].get("availableReplicas") == 1
+            and d
+        ),
+        f"Deployment {name} available",
+        timeout_s=60,
+    )
     assert condition(live, "Available")["status"] == "True"
 
 

@@ -22,15 +22,26 @@ NAMESPACE = "default"
 
 
 def _manifest(name: str, max_batch_size: int = 8) -> str:
-    return json.dumps({
-        "apiVersion": "batchpilot.io/v1alpha1", "kind": "BatchedModel",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"resources": {"cpu": "1", "memory": "1Gi"}, "models": [{
-            "name": "cnn", "type": "cv", "storageUri": f"pvc://model-store/{name}",
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-            "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
-            "batching": {"maxBatchSize": max_batch_size}}]},
-    })
+    return json.dumps(
+        {
+            "apiVersion": "batchpilot.io/v1alpha1",
+            "kind": "BatchedModel",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "resources": {"cpu": "1", "memory": "1Gi"},
+                "models": [
+                    {
+                        "name": "cnn",
+                        "type": "cv",
+                        "storageUri": f"pvc://model-store/{name}",
+                        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+                        "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+                        "batching": {"maxBatchSize": max_batch_size},
+                    }
+                ],
+            },
+        }
+    )
 
 
 def _isvcs(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
@@ -53,8 +64,13 @@ def _reasons(cluster: LocalCluster, name: str) -> list[str]:
     return [e["reason"] for e in events if e["involvedObject"]["kind"] == "BatchedModel"]
 
 
-def test_api_server_restart_mid_watch(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
-                                      operator_kubeconfig: Path, service_proxy: ServiceProxy, tmp_path: Path) -> None:
+def test_api_server_restart_mid_watch(
+    cluster: LocalCluster,
+    chart_objects: list[dict[str, Any]],
+    operator_kubeconfig: Path,
+    service_proxy: ServiceProxy,
+    tmp_path: Path,
+) -> None:
     name = "survivor"
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log") as op:
         cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
@@ -65,8 +81,11 @@ def test_api_server_restart_mid_watch(cluster: LocalCluster, chart_objects: list
 
         assert op.proc.poll() is None, "the operator died with the API server"
         cluster.kubectl("apply", "-f", "-", stdin=_manifest(name, max_batch_size=4))
-        wait_for(lambda: _isvcs(cluster, name) and _specs_max_batch(_isvcs(cluster, name)[0]) == 4,
-                 "the change made after the restart to reach the InferenceService", timeout_s=120)
+        wait_for(
+            lambda: _isvcs(cluster, name) and _specs_max_batch(_isvcs(cluster, name)[0]) == 4,
+            "the change made after the restart to reach the InferenceService",
+            timeout_s=120,
+        )
         wait_for(lambda: _reconciled(cluster, name, 2), "Reconciled at generation 2", timeout_s=60)
         children = _isvcs(cluster, name)
         assert len(children) == 1 and children[0]["metadata"]["uid"] == first["metadata"]["uid"]
@@ -75,9 +94,13 @@ def test_api_server_restart_mid_watch(cluster: LocalCluster, chart_objects: list
         cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
 
 
-def test_operator_killed_mid_reconcile(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
-                                       operator_kubeconfig: Path, service_proxy: ServiceProxy,
-                                       tmp_path: Path) -> None:
+def test_operator_killed_mid_reconcile(
+    cluster: LocalCluster,
+    chart_objects: list[dict[str, Any]],
+    operator_kubeconfig: Path,
+    service_proxy: ServiceProxy,
+    tmp_path: Path,
+) -> None:
     name = "interrupted"
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "first.log") as op:
         cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
@@ -88,8 +111,9 @@ def test_operator_killed_mid_reconcile(cluster: LocalCluster, chart_objects: lis
     assert _reconciled(cluster, name, 1) is None, "too late: the reconcile had finished before the kill"
 
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "second.log") as op:
-        bm = wait_for(lambda: _reconciled(cluster, name, 1), "the restarted operator to finish the reconcile",
-                      timeout_s=90)
+        bm = wait_for(
+            lambda: _reconciled(cluster, name, 1), "the restarted operator to finish the reconcile", timeout_s=90
+        )
         children = _isvcs(cluster, name)
         assert len(children) == 1 and children[0]["metadata"]["uid"] == child["metadata"]["uid"]
         assert bm["status"]["inferenceService"] == name
@@ -98,17 +122,24 @@ def test_operator_killed_mid_reconcile(cluster: LocalCluster, chart_objects: lis
         cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
 
 
-def test_garbage_collector_follows_owner_references(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
-                                                    operator_kubeconfig: Path, service_proxy: ServiceProxy,
-                                                    tmp_path: Path) -> None:
+def test_garbage_collector_follows_owner_references(
+    cluster: LocalCluster,
+    chart_objects: list[dict[str, Any]],
+    operator_kubeconfig: Path,
+    service_proxy: ServiceProxy,
+    tmp_path: Path,
+) -> None:
     """With the operator gone (uninstalled, crashed), deleting a BatchedModel still removes everything below
     it: the InferenceService (our ownerReference), then KServe's Deployment and pods (KServe's)."""
     name = "orphaned"
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log"):
         cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
         wait_for(lambda: _reconciled(cluster, name, 1), "Reconciled", timeout_s=60)
-        wait_for(lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE),
-                 "KServe's Deployment", timeout_s=90)
+        wait_for(
+            lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE),
+            "KServe's Deployment",
+            timeout_s=90,
+        )
     # The operator is stopped. Its finalizer would hold the deletion until it came back: an admin removes it.
     bm = get(cluster, "bm", name, "-n", NAMESPACE)
     assert bm["metadata"].get("finalizers"), "expected the operator's finalizer"
@@ -116,6 +147,9 @@ def test_garbage_collector_follows_owner_references(cluster: LocalCluster, chart
     t0 = time.monotonic()
     cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     wait_for(lambda: not _isvcs(cluster, name), "the garbage collector to delete the InferenceService", timeout_s=90)
-    wait_for(lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE) is None,
-             "the garbage collector to delete KServe's Deployment", timeout_s=90)
+    wait_for(
+        lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE) is None,
+        "the garbage collector to delete KServe's Deployment",
+        timeout_s=90,
+    )
     print(f"\ngarbage collected in {time.monotonic() - t0:.1f} s")

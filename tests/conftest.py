@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import settings
 
-from batchpilot.runtime.demo import serving
 from batchpilot.runtime.demo_models import write_demo_repository
+from batchpilot.testing.processes import serving
 from reference import MAX_BODY
 
 # CI runs the property tests with fixed seeds so a red run reproduces; bench/fuzz.py explores further.

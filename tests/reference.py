@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,10 @@ MAX_BODY = 16 * 1024 * 1024
 
 def cv_inputs(count: int, seed: int = 1) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal((int(rng.integers(1, 4)), 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32) for _ in range(count)]
+    return [
+        rng.standard_normal((int(rng.integers(1, 4)), 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32)
+        for _ in range(count)
+    ]
 
 
 def nlp_inputs(count: int, seed: int = 2) -> list[np.ndarray]:
@@ -24,7 +27,7 @@ def nlp_inputs(count: int, seed: int = 2) -> list[np.ndarray]:
     return [rng.integers(1, VOCAB_SIZE, size=(1, int(rng.integers(4, 60))), dtype=np.int64) for _ in range(count)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(path: Path) -> torch.jit.ScriptModule:
     return torch.jit.load(str(path))
 

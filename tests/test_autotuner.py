@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from batchpilot.runtime.autotune_model import TuningParams, delay_ladder, fit_batch_latency, predict
 from batchpilot.runtime.autotuner import Autotuner
-from batchpilot.runtime.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
+from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
 
 CPU = LinearLatency(a_s=0.4e-3, b_s=1.2e-3, noise=0.1)  # the demo CNN on one core: 0.4 ms/item + 1.2 ms
 GPU = LinearLatency(a_s=0.05e-3, b_s=4e-3, noise=0.1)  # launch-bound: batching is nearly free
@@ -26,8 +26,15 @@ def spec(slo_ms: float = 50.0, **bounds: int) -> AutotuneSpec:
     return AutotuneSpec(enabled=True, latency_slo_p99_ms=slo_ms, bounds=AutotuneBounds(**bounds))
 
 
-def tuned(latency: LinearLatency, load: Load, until: float, *, slo_ms: float = 50.0,
-          initial: TuningParams = COLD, seed: int = 1) -> tuple[BatcherSim, Autotuner]:
+def tuned(
+    latency: LinearLatency,
+    load: Load,
+    until: float,
+    *,
+    slo_ms: float = 50.0,
+    initial: TuningParams = COLD,
+    seed: int = 1,
+) -> tuple[BatcherSim, Autotuner]:
     tuner = Autotuner(spec(slo_ms), initial)
     sim = BatcherSim(latency, load, initial, seed=seed, tuner=tuner)
     sim.run_until(until)
@@ -182,7 +189,7 @@ def test_lower_ceiling_is_honoured() -> None:
     sim.run_until(40.0)
     assert any(d.reason == "ceiling" for _, d in sim.decisions)
     assert max(d.params.max_batch_size for t, d in sim.decisions if t >= 20.0) <= 8
-    assert max(sim.batch_sizes[first_batch + 1:]) <= 8  # the batch running at the call may be larger
+    assert max(sim.batch_sizes[first_batch + 1 :]) <= 8  # the batch running at the call may be larger
 
 
 @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -190,17 +197,30 @@ def test_lower_ceiling_is_honoured() -> None:
     sizes=st.tuples(st.integers(1, 128), st.integers(1, 128)).map(sorted),
     delays_us=st.tuples(st.integers(0, 20_000), st.integers(0, 20_000)).map(sorted),
     initial=st.builds(TuningParams, st.integers(1, 256), st.floats(0.0, 0.05)),
-    load=st.one_of(st.builds(Poisson, st.floats(5, 1500)),
-                   st.builds(ClosedLoop, st.integers(1, 16), st.floats(0.001, 0.010))),
+    load=st.one_of(
+        st.builds(Poisson, st.floats(5, 1500)), st.builds(ClosedLoop, st.integers(1, 16), st.floats(0.001, 0.010))
+    ),
     a_ms=st.floats(0.01, 2.0),
     b_ms=st.floats(1.0, 20.0),
     slo_ms=st.floats(2.0, 200.0),
     ceiling=st.one_of(st.none(), st.integers(1, 128)),
 )
-def test_never_leaves_its_bounds(sizes: list[int], delays_us: list[int], initial: TuningParams, load: Load,
-                                 a_ms: float, b_ms: float, slo_ms: float, ceiling: int | None) -> None:
-    bounds = dict(min_batch_size=sizes[0], max_batch_size=sizes[1],
-                  min_queue_delay_microseconds=delays_us[0], max_queue_delay_microseconds=delays_us[1])
+def test_never_leaves_its_bounds(
+    sizes: list[int],
+    delays_us: list[int],
+    initial: TuningParams,
+    load: Load,
+    a_ms: float,
+    b_ms: float,
+    slo_ms: float,
+    ceiling: int | None,
+) -> None:
+    bounds = dict(
+        min_batch_size=sizes[0],
+        max_batch_size=sizes[1],
+        min_queue_delay_microseconds=delays_us[0],
+        max_queue_delay_microseconds=delays_us[1],
+    )
     tuner = Autotuner(spec(slo_ms, **bounds), initial)
     start = tuner.params
     sim = BatcherSim(LinearLatency(a_ms / 1e3, b_ms / 1e3, 0.1), load, initial, seed=3, tuner=tuner)

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from reference import MAX_BODY
-from reference import assert_close, expected, nlp_inputs
+from reference import MAX_BODY, assert_close, expected, nlp_inputs
 
 IMG = [1, 3, 64, 64]
 
@@ -31,8 +30,9 @@ def tokens(ids, shape=None, **params) -> dict:
     return doc
 
 
-BINARY_HEADER = json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": IMG,
-                                         "parameters": {"binary_data_size": 49152}}]}).encode()
+BINARY_HEADER = json.dumps(
+    {"inputs": [{"name": "image", "datatype": "FP32", "shape": IMG, "parameters": {"binary_data_size": 49152}}]}
+).encode()
 
 # (label, path, body, extra headers, expected status, words the message must contain)
 BAD = [
@@ -43,7 +43,14 @@ BAD = [
     ("unknown model", "/v2/models/nope/infer", v2("", [image()]), {}, 404, "not hosted"),
     ("unknown input", "/v2/models/resnet-mini/infer", v2("", [image(name="pixels")]), {}, 400, "unknown input"),
     ("wrong datatype", "/v2/models/resnet-mini/infer", v2("", [image(datatype="FP64")]), {}, 400, "datatype"),
-    ("unsupported datatype", "/v2/models/resnet-mini/infer", v2("", [image(datatype="BYTES")]), {}, 400, "unsupported datatype"),
+    (
+        "unsupported datatype",
+        "/v2/models/resnet-mini/infer",
+        v2("", [image(datatype="BYTES")]),
+        {},
+        400,
+        "unsupported datatype",
+    ),
     ("wrong rank", "/v2/models/resnet-mini/infer", v2("", [image(shape=[3, 64, 64])]), {}, 400, "shape"),
     ("wrong dims", "/v2/models/resnet-mini/infer", v2("", [image(shape=[1, 3, 32, 32])]), {}, 400, "does not match"),
     ("negative dim", "/v2/models/resnet-mini/infer", v2("", [image(shape=[1, 3, -64, 64])]), {}, 400, "shape"),
@@ -52,25 +59,106 @@ BAD = [
     ("strings as data", "/v2/models/textcls/infer", v2("", [tokens([1, 2, "x"])]), {}, 400, "does not fit INT64"),
     ("floats as tokens", "/v2/models/textcls/infer", v2("", [tokens([1.5, 2.0])]), {}, 400, "does not fit INT64"),
     ("int overflow", "/v2/models/textcls/infer", v2("", [tokens([2**70, 1])]), {}, 400, "INT64"),
-    ("ragged data", "/v2/models/textcls/infer", v2("", [tokens([[1, 2], [3]], shape=[2, 2])]), {}, 400, "input 'input_ids'"),
+    (
+        "ragged data",
+        "/v2/models/textcls/infer",
+        v2("", [tokens([[1, 2], [3]], shape=[2, 2])]),
+        {},
+        400,
+        "input 'input_ids'",
+    ),
     ("sequence too long", "/v2/models/textcls/infer", v2("", [tokens([1] * 300)]), {}, 400, "max_length"),
-    ("batch too large", "/v2/models/resnet-mini/infer", v2("", [image(shape=[65, 3, 64, 64])]), {}, 400, "max_batch_size"),
-    ("huge claimed shape", "/v2/models/textcls/infer", v2("", [tokens([1], shape=[1, 10**12])]), {}, 413, "exceed the limit"),
-    ("huge claimed image", "/v2/models/resnet-mini/infer",
-     v2("", [{"name": "image", "datatype": "FP32", "shape": [10**6, 3, 64, 64], "data": [1.0]}]), {}, 400, "max_batch_size"),
-    ("unknown output", "/v2/models/resnet-mini/infer", v2("", [image()], outputs=[{"name": "probs"}]), {}, 400, "unknown output"),
-    ("bad priority", "/v2/models/resnet-mini/infer", v2("", [image()], parameters={"priority": 7}), {}, 400, "priority"),
-    ("bad timeout type", "/v2/models/resnet-mini/infer", v2("", [image()], parameters={"timeout": "soon"}), {}, 400, "timeout"),
+    (
+        "batch too large",
+        "/v2/models/resnet-mini/infer",
+        v2("", [image(shape=[65, 3, 64, 64])]),
+        {},
+        400,
+        "max_batch_size",
+    ),
+    (
+        "huge claimed shape",
+        "/v2/models/textcls/infer",
+        v2("", [tokens([1], shape=[1, 10**12])]),
+        {},
+        413,
+        "exceed the limit",
+    ),
+    (
+        "huge claimed image",
+        "/v2/models/resnet-mini/infer",
+        v2("", [{"name": "image", "datatype": "FP32", "shape": [10**6, 3, 64, 64], "data": [1.0]}]),
+        {},
+        400,
+        "max_batch_size",
+    ),
+    (
+        "unknown output",
+        "/v2/models/resnet-mini/infer",
+        v2("", [image()], outputs=[{"name": "probs"}]),
+        {},
+        400,
+        "unknown output",
+    ),
+    (
+        "bad priority",
+        "/v2/models/resnet-mini/infer",
+        v2("", [image()], parameters={"priority": 7}),
+        {},
+        400,
+        "priority",
+    ),
+    (
+        "bad timeout type",
+        "/v2/models/resnet-mini/infer",
+        v2("", [image()], parameters={"timeout": "soon"}),
+        {},
+        400,
+        "timeout",
+    ),
     ("duplicate inputs", "/v2/models/resnet-mini/infer", v2("", [image(), image()]), {}, 400, "duplicate"),
-    ("binary size beyond body", "/v2/models/resnet-mini/infer", BINARY_HEADER + b"\0" * 100,
-     {"Inference-Header-Content-Length": str(len(BINARY_HEADER))}, 400, "binary_data_size"),
-    ("bad binary header length", "/v2/models/resnet-mini/infer", b"{}", {"Inference-Header-Content-Length": "abc"}, 400, "integer"),
-    ("leftover binary bytes", "/v2/models/resnet-mini/infer", BINARY_HEADER + b"\0" * 49160,
-     {"Inference-Header-Content-Length": str(len(BINARY_HEADER))}, 400, "belong to no input"),
-    ("v1 ragged instances", "/v1/models/resnet-mini:predict", json.dumps({"instances": [[[1.0, 2.0], [3.0]]]}).encode(), {}, 400, "input 'image'"),
+    (
+        "binary size beyond body",
+        "/v2/models/resnet-mini/infer",
+        BINARY_HEADER + b"\0" * 100,
+        {"Inference-Header-Content-Length": str(len(BINARY_HEADER))},
+        400,
+        "binary_data_size",
+    ),
+    (
+        "bad binary header length",
+        "/v2/models/resnet-mini/infer",
+        b"{}",
+        {"Inference-Header-Content-Length": "abc"},
+        400,
+        "integer",
+    ),
+    (
+        "leftover binary bytes",
+        "/v2/models/resnet-mini/infer",
+        BINARY_HEADER + b"\0" * 49160,
+        {"Inference-Header-Content-Length": str(len(BINARY_HEADER))},
+        400,
+        "belong to no input",
+    ),
+    (
+        "v1 ragged instances",
+        "/v1/models/resnet-mini:predict",
+        json.dumps({"instances": [[[1.0, 2.0], [3.0]]]}).encode(),
+        {},
+        400,
+        "input 'image'",
+    ),
     ("v1 no instances", "/v1/models/textcls:predict", b'{"inputs": []}', {}, 400, "instances"),
     ("body too large", "/v2/models/resnet-mini/infer", b"x" * (MAX_BODY + 1), {}, 413, "exceeds the limit"),
-    ("token id outside vocabulary", "/v2/models/textcls/infer", v2("", [tokens([5, 99999, 7])]), {}, 422, "failed on this input"),
+    (
+        "token id outside vocabulary",
+        "/v2/models/textcls/infer",
+        v2("", [tokens([5, 99999, 7])]),
+        {},
+        422,
+        "failed on this input",
+    ),
 ]
 
 
@@ -102,7 +190,7 @@ def test_each_bad_request_fails_alone_while_good_traffic_flows(server, demo_repo
                 result = client.infer("textcls", [tensor])
                 assert_close({n: result.as_numpy(n) for n in ("logits", "token_scores")}, want[i % len(good_inputs)])
                 served[0] += 1
-            except Exception as exc:  # noqa: BLE001 - every failure is collected and reported
+            except Exception as exc:
                 failures.append(repr(exc))
             i += 1
 
@@ -146,4 +234,6 @@ def test_a_failing_request_does_not_fail_its_batch_mates(server, demo_repository
         status, doc = results[i]
         assert status == 200, doc
         logits = np.array(doc["outputs"][0]["data"], dtype=np.float32).reshape(1, -1)
-        np.testing.assert_allclose(logits, expected(demo_repository, "textcls", good[i])["logits"], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            logits, expected(demo_repository, "textcls", good[i])["logits"], rtol=1e-4, atol=1e-4
+        )

@@ -48,23 +48,31 @@ class TokenSum(torch.nn.Module):
 
 
 def cv_spec(**batching) -> ModelSpec:
-    return ModelSpec.model_validate({
-        "name": "double", "type": "cv",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-        "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 20_000, **batching},
-    })
+    return ModelSpec.model_validate(
+        {
+            "name": "double",
+            "type": "cv",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+            "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 20_000, **batching},
+        }
+    )
 
 
 def nlp_spec(**sequence) -> ModelSpec:
-    return ModelSpec.model_validate({
-        "name": "tokens", "type": "nlp",
-        "inputs": [{"name": "ids", "datatype": "INT64", "shape": [-1]}],
-        "outputs": [{"name": "total", "datatype": "FP32", "shape": [1]},
-                    {"name": "per_token", "datatype": "FP32", "shape": [-1]}],
-        "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 20_000},
-        "sequence": {"max_length": 64, "max_padding_waste": 0.25, **sequence},
-    })
+    return ModelSpec.model_validate(
+        {
+            "name": "tokens",
+            "type": "nlp",
+            "inputs": [{"name": "ids", "datatype": "INT64", "shape": [-1]}],
+            "outputs": [
+                {"name": "total", "datatype": "FP32", "shape": [1]},
+                {"name": "per_token", "datatype": "FP32", "shape": [-1]},
+            ],
+            "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 20_000},
+            "sequence": {"max_length": 64, "max_padding_waste": 0.25, **sequence},
+        }
+    )
 
 
 def make(spec: ModelSpec, module: torch.nn.Module) -> Batcher:
@@ -140,7 +148,7 @@ async def test_nlp_groups_by_length_and_unpads() -> None:
     futures = [batcher.submit({"ids": np.arange(1, n + 1, dtype=np.int64)[None]}) for n in lengths]
     outs = await asyncio.gather(*futures)
     assert sorted(module.shapes) == [(3, 12), (3, 41)]  # two groups, padded only to their own longest
-    for n, out in zip(lengths, outs):
+    for n, out in zip(lengths, outs, strict=False):
         assert out["total"][0, 0] == n * (n + 1) / 2
         np.testing.assert_array_equal(out["per_token"][0], np.arange(1, n + 1, dtype=np.float32))
     efficiency = batcher.metrics.padding_efficiency.labels(model="tokens")._value.get()
@@ -149,7 +157,9 @@ async def test_nlp_groups_by_length_and_unpads() -> None:
 
 async def test_priority_levels_serve_the_highest_first() -> None:
     module = Doubler(delay_s=0.05)
-    batcher = make(cv_spec(max_batch_size=1, max_queue_delay_microseconds=0, priority_levels=2, default_priority_level=2), module)
+    batcher = make(
+        cv_spec(max_batch_size=1, max_queue_delay_microseconds=0, priority_levels=2, default_priority_level=2), module
+    )
     order: list[str] = []
     first = batcher.submit(vec(0))  # occupies the model
     await asyncio.sleep(0.01)
@@ -178,8 +188,11 @@ async def test_timeout_reject_fires_while_the_model_is_busy() -> None:
 
 async def test_timeout_delay_demotes_instead_of_failing() -> None:
     module = Doubler(delay_s=0.1)
-    spec = cv_spec(max_batch_size=1, max_queue_delay_microseconds=0,
-                   default_queue_policy={"timeout_action": "DELAY", "default_timeout_microseconds": 20_000})
+    spec = cv_spec(
+        max_batch_size=1,
+        max_queue_delay_microseconds=0,
+        default_queue_policy={"timeout_action": "DELAY", "default_timeout_microseconds": 20_000},
+    )
     batcher = make(spec, module)
     outs = await asyncio.gather(*(batcher.submit(vec(i)) for i in range(3)))
     assert [float(o["y"][0, 0]) for o in outs] == [0.0, 2.0, 4.0]
@@ -187,14 +200,15 @@ async def test_timeout_delay_demotes_instead_of_failing() -> None:
 
 async def test_request_timeout_may_only_lower_the_default() -> None:
     batcher = make(cv_spec(default_queue_policy={"default_timeout_microseconds": 1000}), Doubler())
-    assert batcher._timeout_s(500) == pytest.approx(0.0005)
-    assert batcher._timeout_s(5_000_000) == pytest.approx(0.001)
+    assert batcher.queue.timeout_s(500) == pytest.approx(0.0005)
+    assert batcher.queue.timeout_s(5_000_000) == pytest.approx(0.001)
 
 
 async def test_full_queue_refuses_at_once_with_retry_after() -> None:
     module = Doubler(delay_s=0.2)
-    batcher = make(cv_spec(max_batch_size=1, max_queue_delay_microseconds=0,
-                           default_queue_policy={"max_queue_size": 2}), module)
+    batcher = make(
+        cv_spec(max_batch_size=1, max_queue_delay_microseconds=0, default_queue_policy={"max_queue_size": 2}), module
+    )
     accepted = [batcher.submit(vec(0))]
     await asyncio.sleep(0.01)  # the first one runs; two may wait
     accepted += [batcher.submit(vec(1)), batcher.submit(vec(2))]
@@ -242,8 +256,9 @@ class Hangs(torch.nn.Module):
 async def test_watchdog_fails_a_hung_batch_and_marks_the_model_unready() -> None:
     module = Hangs()
     spec = cv_spec(max_batch_size=2, max_queue_delay_microseconds=0)
-    batcher = Batcher(spec, Executor(spec, module, torch.device("cpu")), RuntimeMetrics(CollectorRegistry()),
-                      hang_timeout_s=0.2)
+    batcher = Batcher(
+        spec, Executor(spec, module, torch.device("cpu")), RuntimeMetrics(CollectorRegistry()), hang_timeout_s=0.2
+    )
     loop = asyncio.get_running_loop()
     start = loop.time()
     running = batcher.submit(vec(1))

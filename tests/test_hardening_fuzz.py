@@ -11,10 +11,11 @@ from __future__ import annotations
 import http.client
 import json
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -29,7 +30,7 @@ from batchpilot.runtime.demo_models import MAX_LENGTH, image_spec, text_spec
 from batchpilot.runtime.errors import RequestError
 from batchpilot.runtime.hub import HostedModel, ModelHub
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.protocol import grpc_frontend, v1_codec, v2_codec
+from batchpilot.runtime.protocol import grpc_codec, grpc_frontend, v1_codec, v2_codec
 from batchpilot.runtime.tensors import NUMPY_DTYPES, select_outputs
 from batchpilot.spec.model import ModelSpec
 from reference import expected, nlp_inputs
@@ -43,26 +44,47 @@ for _spec in SPECS.values():
 ALLOCATION_LIMIT = 16 * 1024 * 1024
 #: Status codes a fuzzed gRPC call may end with: the client's fault, or "try later". Never INTERNAL/UNKNOWN.
 GRPC_CLIENT_CODES = {
-    grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 IN_PROCESS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 LIVE = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 
 # -- strategies ---------------------------------------------------------------------------------------
 INT64 = st.integers(-(2**63), 2**63 - 1)
-json_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
-json_any = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=16)
+json_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+json_any = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=16,
+)
 #: Dimensions: plausible ones, zero/negative, and the huge claims a request must never be able to make us allocate.
 dim = st.integers(-3, 300) | st.sampled_from([10**12, 2**31, 2**40, 2**62, 2**63 - 1, -(2**63)])
 names = st.sampled_from(["image", "input_ids", "x"]) | st.text(max_size=6)
 datatypes = st.sampled_from([*NUMPY_DTYPES, "BYTES", "fp32", ""])
-numbers = st.lists(st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.booleans(), max_size=48)
+numbers = st.lists(
+    st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.booleans(), max_size=48
+)
 output_names = st.sampled_from(["logits", "token_scores", "nope"])
 header_text = st.text(st.characters(min_codepoint=33, max_codepoint=255), max_size=6)  # what HTTP headers can carry
-params_doc = st.fixed_dictionaries({}, optional={
-    "priority": st.integers(-2, 3) | json_any, "timeout": st.integers(-5, 10**7) | json_any, "binary_data_output": json_any,
-})
+params_doc = st.fixed_dictionaries(
+    {},
+    optional={
+        "priority": st.integers(-2, 3) | json_any,
+        "timeout": st.integers(-5, 10**7) | json_any,
+        "binary_data_output": json_any,
+    },
+)
 
 
 @st.composite
@@ -78,24 +100,40 @@ def near_valid_items(draw: st.DrawFn) -> dict[str, Any]:
         if key == "drop":
             item.pop(draw(st.sampled_from(sorted(item))), None)
         else:
-            item[key] = draw({"name": names, "datatype": datatypes, "shape": st.lists(dim, max_size=6), "data": numbers | json_any}[key])
+            item[key] = draw(
+                {"name": names, "datatype": datatypes, "shape": st.lists(dim, max_size=6), "data": numbers | json_any}[
+                    key
+                ]
+            )
     return item
 
 
 wild_items = st.fixed_dictionaries(
     {"name": names | json_any, "datatype": datatypes | json_any, "shape": st.lists(dim, max_size=6) | json_any},
-    optional={"data": numbers | st.lists(numbers, max_size=3) | json_any,
-              "parameters": st.fixed_dictionaries({}, optional={"binary_data_size": st.integers(-5, 300) | json_any}) | json_any},
-)
-v2_documents = st.fixed_dictionaries(
-    {"inputs": st.lists(near_valid_items() | wild_items, max_size=3) | json_any},
     optional={
-        "outputs": st.lists(st.fixed_dictionaries({"name": output_names | json_any}, optional={
-            "parameters": st.fixed_dictionaries({}, optional={"binary_data": json_any}) | json_any}), max_size=3) | json_any,
-        "parameters": params_doc | json_any,
-        "id": json_any,
+        "data": numbers | st.lists(numbers, max_size=3) | json_any,
+        "parameters": st.fixed_dictionaries({}, optional={"binary_data_size": st.integers(-5, 300) | json_any})
+        | json_any,
     },
-) | json_any
+)
+v2_documents = (
+    st.fixed_dictionaries(
+        {"inputs": st.lists(near_valid_items() | wild_items, max_size=3) | json_any},
+        optional={
+            "outputs": st.lists(
+                st.fixed_dictionaries(
+                    {"name": output_names | json_any},
+                    optional={"parameters": st.fixed_dictionaries({}, optional={"binary_data": json_any}) | json_any},
+                ),
+                max_size=3,
+            )
+            | json_any,
+            "parameters": params_doc | json_any,
+            "id": json_any,
+        },
+    )
+    | json_any
+)
 
 
 @dataclass(frozen=True)
@@ -109,7 +147,7 @@ class V2Body:
         try:
             doc = orjson.loads(self.body[: int(self.header_length)] if self.header_length else self.body)
             return isinstance(doc["parameters"]["timeout"], int)
-        except Exception:  # noqa: BLE001 - anything unparsable sets no timeout
+        except Exception:
             return False
 
 
@@ -128,16 +166,27 @@ def v2_bodies(draw: st.DrawFn) -> V2Body:
     return V2Body(header + blob, length)
 
 
-v1_instance = near_valid_items().map(lambda item: item.get("data")) | json_any | st.fixed_dictionaries({"image": json_any})
-v1_bodies = (st.fixed_dictionaries({"instances": st.lists(v1_instance, max_size=4) | json_any}) | json_any).map(orjson.dumps) | st.binary(max_size=200)
+v1_instance = (
+    near_valid_items().map(lambda item: item.get("data")) | json_any | st.fixed_dictionaries({"image": json_any})
+)
+v1_bodies = (st.fixed_dictionaries({"instances": st.lists(v1_instance, max_size=4) | json_any}) | json_any).map(
+    orjson.dumps
+) | st.binary(max_size=200)
 
 CONTENTS: dict[str, st.SearchStrategy] = {
-    "bool_contents": st.booleans(), "int_contents": st.integers(-(2**31), 2**31 - 1), "int64_contents": INT64,
-    "uint_contents": st.integers(0, 2**32 - 1), "uint64_contents": st.integers(0, 2**64 - 1),
-    "fp32_contents": st.floats(width=32), "fp64_contents": st.floats(), "bytes_contents": st.binary(max_size=8),
+    "bool_contents": st.booleans(),
+    "int_contents": st.integers(-(2**31), 2**31 - 1),
+    "int64_contents": INT64,
+    "uint_contents": st.integers(0, 2**32 - 1),
+    "uint64_contents": st.integers(0, 2**64 - 1),
+    "fp32_contents": st.floats(width=32),
+    "fp64_contents": st.floats(),
+    "bytes_contents": st.binary(max_size=8),
 }
 PARAMS: dict[str, st.SearchStrategy] = {  # KServe's InferParameter has only these three
-    "int64_param": st.integers(-5, 10**7) | INT64, "bool_param": st.booleans(), "string_param": st.text(max_size=5),
+    "int64_param": st.integers(-5, 10**7) | INT64,
+    "bool_param": st.booleans(),
+    "string_param": st.text(max_size=5),
 }
 
 
@@ -225,9 +274,9 @@ def decode_v1(model: str, body: bytes) -> None:
 
 def decode_grpc(request: pb.ModelInferRequest) -> None:
     """What ModelInfer does before queueing: params, decoding, validation against the named model."""
-    grpc_frontend._param(request.parameters, "priority")
-    grpc_frontend._param(request.parameters, "timeout")
-    decoded = grpc_frontend.decode(request)
+    grpc_codec._param(request.parameters, "priority")
+    grpc_codec._param(request.parameters, "timeout")
+    decoded = grpc_codec.decode_inputs(request)
     spec = HUB.get(request.model_name).spec
     HUB.build_inputs(spec, _limits(spec), decoded)
 
@@ -239,8 +288,16 @@ def traced() -> Any:
     tracemalloc.stop()
 
 
-HUGE_TOKENS = V2Body(orjson.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 10**12], "data": [1]}]}), None)
-_huge_header = orjson.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 10**12], "parameters": {"binary_data_size": 8}}]})
+HUGE_TOKENS = V2Body(
+    orjson.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 10**12], "data": [1]}]}), None
+)
+_huge_header = orjson.dumps(
+    {
+        "inputs": [
+            {"name": "input_ids", "datatype": "INT64", "shape": [1, 10**12], "parameters": {"binary_data_size": 8}}
+        ]
+    }
+)
 HUGE_BINARY = V2Body(_huge_header + bytes(8), str(len(_huge_header)))
 
 
@@ -267,7 +324,7 @@ def test_grpc_decoding_raises_only_client_errors(request: pb.ModelInferRequest) 
 def test_huge_claimed_shape_is_refused_before_any_allocation() -> None:
     """A claimed 10^12 elements is a 413 with (next to) nothing allocated; and the measure sees numpy."""
     for body in (HUGE_TOKENS, HUGE_BINARY):
-        error, peak = allocation_of(lambda: decode_v2("textcls", body))
+        error, peak = allocation_of(lambda body=body: decode_v2("textcls", body))
         assert error is not None and error.status == 413, error
         assert peak < 1024 * 1024, peak
     _, peak = allocation_of(lambda: np.ones(ALLOCATION_LIMIT, dtype=np.uint8))
@@ -292,7 +349,11 @@ def assert_still_serving(server: tuple[int, int], demo_repository: Path) -> None
     conn.request("GET", "/v2/health/ready")
     assert conn.getresponse().status == 200
     ids = nlp_inputs(1, seed=21)[0]
-    doc = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": list(ids.shape), "data": ids.reshape(-1).tolist()}]}
+    doc = {
+        "inputs": [
+            {"name": "input_ids", "datatype": "INT64", "shape": list(ids.shape), "data": ids.reshape(-1).tolist()}
+        ]
+    }
     status, body = post(port, "/v2/models/textcls/infer", json.dumps(doc).encode(), {})
     assert status == 200, body[:300]
     logits = np.array(json.loads(body)["outputs"][0]["data"], dtype=np.float32).reshape(1, -1)
@@ -357,7 +418,16 @@ async def test_add_servicer_answers_undecodable_bytes_invalid_argument() -> None
         await server.stop(None)
 
 
-GRPC_METHODS = ["ModelInfer", "ModelMetadata", "ModelReady", "ServerReady", "ServerMetadata", "ServerLive", "ModelConfig", "ModelStatistics"]
+GRPC_METHODS = [
+    "ModelInfer",
+    "ModelMetadata",
+    "ModelReady",
+    "ServerReady",
+    "ServerMetadata",
+    "ServerLive",
+    "ModelConfig",
+    "ModelStatistics",
+]
 
 
 def grpc_calls(channel: grpc.Channel) -> dict[str, grpc.UnaryUnaryMultiCallable]:

@@ -11,23 +11,23 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 import numpy as np
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
-from batchpilot.runtime.demo import child_process, free_port, v2_binary_body, wait_ready
 from batchpilot.runtime.demo_models import VOCAB_SIZE, text_spec
-from batchpilot.runtime.loadgen import build_request
+from batchpilot.testing.loadgen import build_request
+from batchpilot.testing.processes import child_process, free_port, ready_url, serve_command, wait_ready
+from batchpilot.testing.requests import v2_binary_body
 from reference import assert_close, expected
 
 GRACE_S = 30  # ServerOptions.grace_period_s: the process must be gone within it after SIGTERM
@@ -51,12 +51,12 @@ class Served:
 
 
 @contextmanager
-def server_process(repository: Path, log: Path, *extra: str, env: dict[str, str] | None = None,
-                   log_level: str = "WARNING") -> Iterator[Served]:
+def server_process(
+    repository: Path, log: Path, *extra: str, env: dict[str, str] | None = None, log_level: str = "WARNING"
+) -> Iterator[Served]:
     http, grpc_port = free_port(), free_port()
-    command = [sys.executable, "-m", "batchpilot", "--log-level", log_level, "serve", "--model-repository", str(repository),
-               "--http-port", str(http), "--grpc-port", str(grpc_port), "--host", "127.0.0.1", "--torch-threads", "1", *extra]
-    with child_process(command, f"http://127.0.0.1:{http}/v2/health/ready", env=env, log_path=log) as proc:
+    command = serve_command(repository, http, grpc_port, "--torch-threads", "1", *extra, log_level=log_level)
+    with child_process(command, ready_url(http), env=env, log_path=log) as proc:
         yield Served(proc, http, grpc_port, log)
 
 
@@ -74,7 +74,7 @@ class Reply:
         arrays, offset = {}, length
         for o in json.loads(self.body[:length])["outputs"]:
             size = o["parameters"]["binary_data_size"]
-            arrays[o["name"]] = np.frombuffer(self.body[offset:offset + size], dtype=np.float32).reshape(o["shape"])
+            arrays[o["name"]] = np.frombuffer(self.body[offset : offset + size], dtype=np.float32).reshape(o["shape"])
             offset += size
         return arrays
 
@@ -164,8 +164,11 @@ async def flood(served: Served, duration_s: float) -> Flood:
             writer.close()
 
     async def grpc_client(channel: grpc.aio.Channel) -> None:
-        call = channel.unary_unary(GRPC_INFER, request_serializer=pb.ModelInferRequest.SerializeToString,
-                                   response_deserializer=pb.ModelInferResponse.FromString)
+        call = channel.unary_unary(
+            GRPC_INFER,
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
         while time.perf_counter() < deadline:
             try:
                 await call(grpc_token_request(array), timeout=30)
@@ -185,7 +188,8 @@ async def flood(served: Served, duration_s: float) -> Flood:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{served.grpc}") as channel:
         await asyncio.gather(
             *(http_client() for _ in range(FLOOD_HTTP_CLIENTS)),
-            *(grpc_client(channel) for _ in range(FLOOD_GRPC_CLIENTS)), sample_rss(),
+            *(grpc_client(channel) for _ in range(FLOOD_GRPC_CLIENTS)),
+            sample_rss(),
         )
     return result
 
@@ -221,11 +225,14 @@ def test_overload_refuses_fast_stays_bounded_and_recovers(demo_repository: Path,
         arrays = [tokens(16 + i, seed=i) for i in range(10)]
         recovered = asyncio.run(sequential(served.http, arrays))
         assert [r.status for r in recovered] == [200] * 10
-        for reply, array in zip(recovered, arrays):
+        for reply, array in zip(recovered, arrays, strict=False):
             assert_close(reply.outputs(), expected(demo_repository, "textcls", array))
-        print(f"\noverload: {len(result.http)} HTTP requests {statuses}, gRPC {result.grpc_codes}; refusal p50 "
-              f"{refusal_p50 * 1e3:.1f} ms, p90 {refusal_p90 * 1e3:.1f} ms, p99 {refusal_p99 * 1e3:.1f} ms vs service p50 {service_p50 * 1e3:.1f} ms; RSS {rss_before:.0f} -> "
-              f"peak {max(result.rss_mib):.0f} -> {rss_after:.0f} MiB")
+        print(
+            f"\noverload: {len(result.http)} HTTP requests {statuses}, gRPC {result.grpc_codes}; refusal p50 "
+            f"{refusal_p50 * 1e3:.1f} ms, p90 {refusal_p90 * 1e3:.1f} ms, p99 {refusal_p99 * 1e3:.1f} ms "
+            f"vs service p50 {service_p50 * 1e3:.1f} ms; RSS {rss_before:.0f} -> "
+            f"peak {max(result.rss_mib):.0f} -> {rss_after:.0f} MiB"
+        )
 
 
 async def sequential(port: int, arrays: list[np.ndarray]) -> list[Reply]:
@@ -309,7 +316,7 @@ def test_sigterm_under_load_answers_every_accepted_request(demo_repository: Path
     assert tally.lost == 0, tally
     assert not tally.wrong, tally.wrong[:3]
     assert tally.ok > 0 and tally.in_flight_at_signal > 0 and tally.answered_after_signal > 0, tally
-    assert code == 0, (served.log.read_text()[-3000:])
+    assert code == 0, served.log.read_text()[-3000:]
 
 
 # -- no payloads in logs ----------------------------------------------------------------------------------

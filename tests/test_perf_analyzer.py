@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.perfa import find_perf_analyzer, run_perf_analyzer
-from batchpilot.runtime.demo import perf_analyzer_token_data
+from batchpilot.testing.perfa import find_perf_analyzer, run_perf_analyzer
+from batchpilot.testing.requests import perf_analyzer_token_data
 
 pytestmark = pytest.mark.skipif(
     find_perf_analyzer() is None, reason="perf_analyzer not installed (make setup runs tools/install-perf-analyzer.sh)"
@@ -25,7 +25,12 @@ def test_perf_analyzer_runs_clean(server, tmp_path: Path, model: str, protocol: 
     # Stability is a benchmark's concern (a busy CI machine may not reach it); any failed request makes
     # perf_analyzer exit non-zero, which run_perf_analyzer raises on.
     rows = run_perf_analyzer(
-        model, f"127.0.0.1:{port}", protocol, concurrency_range="2:8:6", extra_args=[*data, *QUICK], timeout=240,
+        model,
+        f"127.0.0.1:{port}",
+        protocol,
+        concurrency_range="2:8:6",
+        extra_args=[*data, *QUICK],
+        timeout=240,
         require_stable=False,
     )
     assert rows and {row["concurrency"] for row in rows} <= {2, 8}

@@ -25,9 +25,13 @@ class Affine(torch.nn.Module):
 
 
 def config(name: str, fmt: str = "torchscript") -> dict:
-    return {"name": name, "type": "cv", "format": fmt,
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-            "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}]}
+    return {
+        "name": name,
+        "type": "cv",
+        "format": fmt,
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+    }
 
 
 def write(folder: Path, cfg: dict, weights: bytes | None = None, module: torch.nn.Module | None = None) -> None:

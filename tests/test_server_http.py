@@ -31,8 +31,10 @@ def test_outputs_equal_the_model_run_directly_under_concurrency(server, demo_rep
     for model, (_, _, make_inputs) in CASES.items():
         arrays = make_inputs(48)
         with ThreadPoolExecutor(16) as pool:
-            results = list(pool.map(lambda ia: _infer(port, model, ia[1], ia[0] % 2 == 0), enumerate(arrays)))
-        for array, got in zip(arrays, results):
+            results = list(
+                pool.map(lambda ia, model=model: _infer(port, model, ia[1], ia[0] % 2 == 0), enumerate(arrays))
+            )
+        for array, got in zip(arrays, results, strict=False):
             assert_close(got, expected(demo_repository, model, array))
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats").read())
         model_stats = stats["model_stats"][0]
@@ -56,7 +58,7 @@ def test_v1_predict_matches_v2(server, demo_repository: Path) -> None:
     body = json.dumps({"instances": ids}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{server[0]}/v1/models/textcls:predict", data=body, method="POST")
     predictions = json.loads(urllib.request.urlopen(req).read())["predictions"]
-    for seq, prediction in zip(ids, predictions):
+    for seq, prediction in zip(ids, predictions, strict=False):
         want = expected(demo_repository, "textcls", np.array([seq], dtype=np.int64))
         np.testing.assert_allclose(prediction["logits"], want["logits"][0], rtol=1e-4, atol=1e-4)
         assert len(prediction["token_scores"]) == len(seq)

@@ -11,8 +11,8 @@ import base64
 import json
 import sys
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,32 +27,42 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
-from batchpilot.perfa import PerfAnalyzerError, find_perf_analyzer, parse_csv_report, run_perf_analyzer
 from batchpilot.runtime.protocol import batchpilot_triton_pb2 as pb
-from batchpilot.runtime.protocol.triton_config import model_config_json
 from batchpilot.runtime.protocol.triton_grpc import (
     model_config_response,
     model_statistics_response,
     triton_extension_handler,
 )
 from batchpilot.runtime.stats import ModelStats
+from batchpilot.runtime.triton_config import model_config_json
 from batchpilot.spec.model import ModelSpec, TensorSpec
+from batchpilot.testing.perfa import PerfAnalyzerError, find_perf_analyzer, parse_csv_report, run_perf_analyzer
 
-CV_SPEC = ModelSpec.model_validate({
-    "name": "cnn", "type": "cv",
-    "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, -1, -1]}],
-    "outputs": [{"name": "logits", "datatype": "FP32", "shape": [10]}],
-    "batching": {
-        "maxBatchSize": 16, "maxQueueDelayMicroseconds": 2000, "preferredBatchSize": [4, 8, 16],
-        "priorityLevels": 2, "defaultPriorityLevel": 2,
-        "defaultQueuePolicy": {"timeoutAction": "DELAY", "defaultTimeoutMicroseconds": 50_000, "maxQueueSize": 64},
-    },
-})
-NLP_SPEC = ModelSpec.model_validate({
-    "name": "textcls", "type": "nlp", "format": "torch_export",
-    "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1]}],
-    "outputs": [{"name": "logits", "datatype": "FP32", "shape": [2]}],
-})
+CV_SPEC = ModelSpec.model_validate(
+    {
+        "name": "cnn",
+        "type": "cv",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, -1, -1]}],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [10]}],
+        "batching": {
+            "maxBatchSize": 16,
+            "maxQueueDelayMicroseconds": 2000,
+            "preferredBatchSize": [4, 8, 16],
+            "priorityLevels": 2,
+            "defaultPriorityLevel": 2,
+            "defaultQueuePolicy": {"timeoutAction": "DELAY", "defaultTimeoutMicroseconds": 50_000, "maxQueueSize": 64},
+        },
+    }
+)
+NLP_SPEC = ModelSpec.model_validate(
+    {
+        "name": "textcls",
+        "type": "nlp",
+        "format": "torch_export",
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1]}],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [2]}],
+    }
+)
 
 
 async def _in_triton_process(code: str, payload: Any = None) -> Any:
@@ -60,8 +70,12 @@ async def _in_triton_process(code: str, payload: Any = None) -> Any:
     as `payload` and prints its JSON result. Asynchronous so that a server on this loop keeps serving."""
     script = f"import json, sys\npayload = json.load(sys.stdin)\n{code}"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-c",
+        script,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(json.dumps(payload).encode()), timeout=120)
     assert proc.returncode == 0, err.decode()
@@ -70,13 +84,26 @@ async def _in_triton_process(code: str, payload: Any = None) -> Any:
 
 # ---- statistics accumulator ----
 
+
 def test_stats_start_empty() -> None:
     assert ModelStats().to_json("m") == {
-        "name": "m", "version": "1", "last_inference": 0, "inference_count": 0, "execution_count": 0,
+        "name": "m",
+        "version": "1",
+        "last_inference": 0,
+        "inference_count": 0,
+        "execution_count": 0,
         "inference_stats": {
             key: {"count": 0, "ns": 0}
-            for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
-                        "cache_hit", "cache_miss")
+            for key in (
+                "success",
+                "fail",
+                "queue",
+                "compute_input",
+                "compute_infer",
+                "compute_output",
+                "cache_hit",
+                "cache_miss",
+            )
         },
         "batch_stats": [],
     }
@@ -106,10 +133,18 @@ def test_stats_accumulate_per_request_and_per_execution() -> None:
     assert inference["compute_output"] == {"count": 2, "ns": 11}
     assert inference["cache_hit"] == inference["cache_miss"] == {"count": 0, "ns": 0}
     assert body["batch_stats"] == [
-        {"batch_size": 1, "compute_input": {"count": 1, "ns": 1}, "compute_infer": {"count": 1, "ns": 30},
-         "compute_output": {"count": 1, "ns": 2}},
-        {"batch_size": 4, "compute_input": {"count": 2, "ns": 22}, "compute_infer": {"count": 2, "ns": 210},
-         "compute_output": {"count": 2, "ns": 42}},
+        {
+            "batch_size": 1,
+            "compute_input": {"count": 1, "ns": 1},
+            "compute_infer": {"count": 1, "ns": 30},
+            "compute_output": {"count": 1, "ns": 2},
+        },
+        {
+            "batch_size": 4,
+            "compute_input": {"count": 2, "ns": 22},
+            "compute_infer": {"count": 2, "ns": 210},
+            "compute_output": {"count": 2, "ns": 42},
+        },
     ]
     with pytest.raises(ValueError):
         stats.record_execution(0, 1, 1, 1)
@@ -117,15 +152,23 @@ def test_stats_accumulate_per_request_and_per_execution() -> None:
 
 # ---- model configuration JSON ----
 
+
 def test_config_json_cv() -> None:
     config = model_config_json(CV_SPEC, max_batch_size=8, max_queue_delay_us=1500)
     assert config["name"] == "cnn"
     assert (config["platform"], config["backend"]) == ("pytorch_libtorch", "pytorch")
     assert config["max_batch_size"] == 8
-    assert config["input"] == [{
-        "name": "x", "data_type": "TYPE_FP32", "dims": [3, -1, -1], "is_shape_tensor": False,
-        "format": "FORMAT_NONE", "allow_ragged_batch": False, "optional": False,
-    }]
+    assert config["input"] == [
+        {
+            "name": "x",
+            "data_type": "TYPE_FP32",
+            "dims": [3, -1, -1],
+            "is_shape_tensor": False,
+            "format": "FORMAT_NONE",
+            "allow_ragged_batch": False,
+            "optional": False,
+        }
+    ]
     assert config["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [10], "is_shape_tensor": False}]
     assert config["dynamic_batching"] == {
         "preferred_batch_size": [4, 8],  # 16 exceeds the max_batch_size in force
@@ -134,8 +177,10 @@ def test_config_json_cv() -> None:
         "priority_levels": 2,
         "default_priority_level": 2,
         "default_queue_policy": {
-            "timeout_action": "DELAY", "default_timeout_microseconds": 50_000,
-            "allow_timeout_override": True, "max_queue_size": 64,
+            "timeout_action": "DELAY",
+            "default_timeout_microseconds": 50_000,
+            "allow_timeout_override": True,
+            "max_queue_size": 64,
         },
         "priority_queue_policy": {},
     }
@@ -159,6 +204,7 @@ def test_config_json_nlp_on_gpu() -> None:
 
 # ---- wire compatibility with Triton's own protos ----
 
+
 def _walk(messages: Iterator[Descriptor] | list[Descriptor]) -> Iterator[Descriptor]:
     for message in messages:
         yield message
@@ -170,7 +216,9 @@ def _field_shape(field: FieldDescriptor) -> tuple:
     ref = field.message_type or field.enum_type
     oneof = field.containing_oneof
     return (
-        field.number, field.type, field.is_repeated,
+        field.number,
+        field.type,
+        field.is_repeated,
         ref.full_name.removeprefix(ref.file.package + ".") if ref else None,
         oneof.name if oneof else None,
     )
@@ -268,6 +316,7 @@ async def test_wire_compatible_with_tritonclient() -> None:
 
 
 # ---- live gRPC: KServe's servicer and ours on one grpc.aio server ----
+
 
 class _Echo(Model):
     """Doubles an FP32 [-1, 4] tensor and records Triton statistics like a batcher would."""
@@ -376,6 +425,7 @@ async def test_live_model_config_and_statistics(grpc_server: tuple[str, ModelSta
 
 # ---- perf_analyzer ----
 
+
 def test_parse_csv_report() -> None:
     report = (
         "Concurrency,Inferences/Second,Client Send,Server Queue,p50 latency,p90 latency,p95 latency,p99 latency\n"
@@ -386,10 +436,26 @@ def test_parse_csv_report() -> None:
         "1,5.0,other\n"
     )
     assert parse_csv_report(report) == [
-        {"concurrency": 1, "infer_per_s": 1089.69, "client_send": 3, "server_queue": 12,
-         "p50_us": 892, "p90_us": 1089, "p95_us": 1149, "p99_us": 1381},
-        {"concurrency": 2, "infer_per_s": 1836.86, "client_send": 3, "server_queue": 40,
-         "p50_us": 1056, "p90_us": 1318, "p95_us": 1431, "p99_us": 1937},
+        {
+            "concurrency": 1,
+            "infer_per_s": 1089.69,
+            "client_send": 3,
+            "server_queue": 12,
+            "p50_us": 892,
+            "p90_us": 1089,
+            "p95_us": 1149,
+            "p99_us": 1381,
+        },
+        {
+            "concurrency": 2,
+            "infer_per_s": 1836.86,
+            "client_send": 3,
+            "server_queue": 40,
+            "p50_us": 1056,
+            "p90_us": 1318,
+            "p95_us": 1431,
+            "p99_us": 1937,
+        },
     ]
 
 

@@ -42,7 +42,7 @@ def test_large_integer_bodies_keep_their_checks() -> None:
     with pytest.raises(InvalidRequest, match="values sent"):
         convert(body("INT64", [1, 3001], ids))
     with pytest.raises(InvalidRequest, match="does not fit INT64"):
-        convert(body("INT64", [1, 3000], ids[:-1] + ["x"]))
+        convert(body("INT64", [1, 3000], [*ids[:-1], "x"]))
     bools = convert(body("BOOL", [1, 3000], [True, False] * 1500))
     assert bools.dtype == np.bool_ and bools.sum() == 1500
 

@@ -2,7 +2,7 @@
 # Installs NVIDIA perf_analyzer into .tools/bin/ (repo-local, gitignored).
 # Only the tritonclient 2.41.0 manylinux1 wheel still carries the binary; newer wheels are Python-only.
 # At run time it needs Debian's libb64-0d and libcudart.so.12 (from the nvidia-cuda-runtime-cu12 wheel;
-# batchpilot.perfa puts it on LD_LIBRARY_PATH). It runs on the CPU.
+# batchpilot.testing.perfa puts it on LD_LIBRARY_PATH). It runs on the CPU.
 # Usage: tools/install-perf-analyzer.sh [PYTHON]   (PYTHON defaults to .venv/bin/python)
 set -euo pipefail
 

@@ -41,5 +41,17 @@ if __name__ == "__main__":
     os.environ[ENV] = json.dumps(asdict(args))
     os.environ.setdefault("BENTOML_DO_NOT_TRACK", "True")
     bentoml_cli = str(Path(sys.executable).with_name("bentoml"))
-    os.execv(bentoml_cli, [bentoml_cli, "serve", f"{Path(__file__).stem}:Peer", "--working-dir", str(here),
-                           "--host", "127.0.0.1", "--port", str(args.port)])
+    os.execv(
+        bentoml_cli,
+        [
+            bentoml_cli,
+            "serve",
+            f"{Path(__file__).stem}:Peer",
+            "--working-dir",
+            str(here),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.port),
+        ],
+    )

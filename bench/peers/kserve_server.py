@@ -24,7 +24,7 @@ class PeerModel(kserve.Model):
     async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
         assert self.run is not None
         outputs = []
-        for name, array in zip(self.run.outputs, self.run(payload.inputs[0].as_numpy())):
+        for name, array in zip(self.run.outputs, self.run(payload.inputs[0].as_numpy()), strict=False):
             output = InferOutput(name=name, shape=list(array.shape), datatype="FP32")
             output.set_data_from_numpy(array, binary_data=False)
             outputs.append(output)

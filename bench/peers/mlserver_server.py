@@ -31,8 +31,11 @@ class TorchScriptRuntime(MLModel):
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         arrays = self.run(NumpyCodec.decode_input(payload.inputs[0]))
         return InferenceResponse(
-            model_name=self.name, id=payload.id,
-            outputs=[NumpyCodec.encode_output(name, array) for name, array in zip(self.run.outputs, arrays)],
+            model_name=self.name,
+            id=payload.id,
+            outputs=[
+                NumpyCodec.encode_output(name, array) for name, array in zip(self.run.outputs, arrays, strict=False)
+            ],
         )
 
 
@@ -41,11 +44,14 @@ if __name__ == "__main__":
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     sys.path.insert(0, here)
-    settings = Settings(host="127.0.0.1", http_port=args.port, grpc_port=args.grpc_port or 8081,
-                        metrics_port=args.metrics_port or 8082)
+    settings = Settings(
+        host="127.0.0.1", http_port=args.port, grpc_port=args.grpc_port or 8081, metrics_port=args.metrics_port or 8082
+    )
     model = ModelSettings(
-        name=args.name, implementation=TorchScriptRuntime.__module__ + ".TorchScriptRuntime",
-        max_batch_size=args.max_batch_size, max_batch_time=args.max_wait_ms / 1e3,
+        name=args.name,
+        implementation=TorchScriptRuntime.__module__ + ".TorchScriptRuntime",
+        max_batch_size=args.max_batch_size,
+        max_batch_time=args.max_wait_ms / 1e3,
         parameters=ModelParameters(uri=args.model_path, extra={"kind": args.kind}),
     )
 

@@ -7,6 +7,7 @@ Runs inside each peer's own virtual environment (torch and numpy only), imported
 from __future__ import annotations
 
 import argparse
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +68,14 @@ def v2_input_array(item: dict[str, Any]) -> np.ndarray:
 
 def v2_outputs(names: list[str], arrays: list[np.ndarray]) -> list[dict[str, Any]]:
     """v2 JSON outputs of one request (for peers without a v2 codec)."""
-    return [{"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.reshape(-1).tolist()}
-            for n, a in zip(names, arrays)]
+    return [
+        {"name": n, "datatype": "FP32", "shape": list(a.shape), "data": a.reshape(-1).tolist()}
+        for n, a in zip(names, arrays, strict=False)
+    ]
 
 
 def run_v2_batch(run: TorchScriptBatch, requests: list[np.ndarray]) -> list[list[dict[str, Any]]]:
     """Several requests' inputs as one model call; each request's v2 JSON outputs (for peers without a v2 codec)."""
     results = run(np.concatenate(requests))
     bounds = np.cumsum([0, *(len(r) for r in requests)])
-    return [v2_outputs(run.outputs, [a[lo:hi] for a in results]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return [v2_outputs(run.outputs, [a[lo:hi] for a in results]) for lo, hi in itertools.pairwise(bounds)]

@@ -12,9 +12,13 @@ def _serve(args: argparse.Namespace) -> int:
     from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads
 
     options = ServerOptions(
-        model_repository=Path(args.model_repository), http_port=args.http_port, grpc_port=args.grpc_port,
-        host=args.host, batching=not args.no_batching,
-        torch_threads=args.torch_threads or default_torch_threads(), max_body_bytes=args.max_body_bytes,
+        model_repository=Path(args.model_repository),
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        host=args.host,
+        batching=not args.no_batching,
+        torch_threads=args.torch_threads or default_torch_threads(),
+        max_body_bytes=args.max_body_bytes,
         hang_timeout_s=args.model_hang_timeout,
     )
     BatchPilotServer(options).run()
@@ -48,8 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-batching", action="store_true", help="run every model at batch size 1")
     serve.add_argument("--torch-threads", type=int, default=0, help="intra-op threads (default: cores - 1)")
     serve.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
-    serve.add_argument("--model-hang-timeout", type=float, default=60.0,
-                       help="seconds a batch may run before the model is declared hung and marked unready")
+    serve.add_argument(
+        "--model-hang-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a batch may run before the model is declared hung and marked unready",
+    )
     serve.set_defaults(func=_serve)
 
     demo_models = sub.add_parser("demo-models", help="write the two demo models into DIR as a model repository")

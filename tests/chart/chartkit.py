@@ -10,7 +10,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "charts" / "batchpilot"
-KSERVE_CRDS = REPO / ".tools" / "kserve" / "config" / "crd" / "full"  # the pinned KServe module source (make controlplane)
+KSERVE_CRDS = (
+    REPO / ".tools" / "kserve" / "config" / "crd" / "full"
+)  # the pinned KServe module source (make controlplane)
 RELEASE, NAMESPACE, WATCHED = "bp", "batchpilot-system", "ml-team"
 
 Manifest = dict[str, Any]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import helm_python
 import pytest
-
 from chartkit import CHART_DIR, VALUE_SETS, Manifest, render
 
 

@@ -9,7 +9,6 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-
 from chartkit import CHART_DIR, REPO
 
 GENERATED = REPO / "crds" / "batchpilot.io_batchedmodels.yaml"
@@ -25,7 +24,9 @@ def generated() -> Path:
 
 def test_chart_copy_is_byte_identical(generated: Path) -> None:
     copy = CHART_CRDS / generated.name
-    assert copy.exists() and copy.read_bytes() == generated.read_bytes(), "run python -m batchpilot.operator.crdgen (it writes both copies)"
+    assert copy.exists() and copy.read_bytes() == generated.read_bytes(), (
+        "run python -m batchpilot.operator.crdgen (it writes both copies)"
+    )
 
 
 def test_chart_ships_no_hand_written_crd() -> None:
@@ -39,7 +40,10 @@ def test_helm_installs_a_valid_crd_with_what_the_rbac_names(chart: helm_python.C
     kubernetes_validate.validate(crd, kubernetes_validate.utils.latest_version(), strict=True)
     spec = crd["spec"]
     assert (spec["group"], spec["names"]["kind"], spec["names"]["plural"], spec["scope"]) == (
-        "batchpilot.io", "BatchedModel", "batchedmodels", "Namespaced",
+        "batchpilot.io",
+        "BatchedModel",
+        "batchedmodels",
+        "Namespaced",
     )
     (version,) = [v for v in spec["versions"] if v["name"] == "v1alpha1"]
     assert "status" in version.get("subresources", {}), "the chart's RBAC grants batchedmodels/status"

@@ -8,23 +8,40 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chartkit import CHART_DIR, Manifest, only
 from prometheus_client import CollectorRegistry
 
 from batchpilot.runtime.metrics import RuntimeMetrics
-from chartkit import CHART_DIR, Manifest, only
 
 DASHBOARD_FILE = CHART_DIR / "dashboards" / "batchpilot.json"
 
 PROMQL_KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool", "and", "or", "unless",
-    "inf", "nan",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "inf",
+    "nan",
 }
 #: Families each panel of the issue needs: throughput, latency vs SLO, batch sizes, release reasons, queue depth,
 #: tuned parameters and padding efficiency.
 REQUIRED = {
-    "batchpilot_requests_total", "batchpilot_request_latency_seconds_bucket", "batchpilot_latency_slo_seconds",
-    "batchpilot_batch_size_bucket", "batchpilot_batch_release_total", "batchpilot_queue_depth",
-    "batchpilot_max_batch_size", "batchpilot_max_queue_delay_seconds", "batchpilot_tokens_useful_total",
+    "batchpilot_requests_total",
+    "batchpilot_request_latency_seconds_bucket",
+    "batchpilot_latency_slo_seconds",
+    "batchpilot_batch_size_bucket",
+    "batchpilot_batch_release_total",
+    "batchpilot_queue_depth",
+    "batchpilot_max_batch_size",
+    "batchpilot_max_queue_delay_seconds",
+    "batchpilot_tokens_useful_total",
     "batchpilot_tokens_computed_total",
 }
 
@@ -45,7 +62,11 @@ def metric_names(expr: str) -> set[str]:
 
 
 #: Sample-name suffixes of each metric type in the exposition format.
-SAMPLE_SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created")}
+SAMPLE_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+}
 
 
 def exported_samples() -> set[str]:
@@ -78,8 +99,10 @@ def dashboard() -> dict[str, Any]:
 
 
 def test_metric_name_extraction() -> None:
-    expr = ('histogram_quantile(0.99, sum by (model, le) (rate(a_bucket{model=~"$model", x="y{z}"}[5m]))) '
-            "/ on (model) group_left max(b) and c offset 5m > bool 0 or label_values(d, model)")
+    expr = (
+        'histogram_quantile(0.99, sum by (model, le) (rate(a_bucket{model=~"$model", x="y{z}"}[5m]))) '
+        "/ on (model) group_left max(b) and c offset 5m > bool 0 or label_values(d, model)"
+    )
     assert metric_names(expr) == {"a_bucket", "b", "c", "d"}
 
 

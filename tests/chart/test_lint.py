@@ -4,7 +4,6 @@ from typing import Any
 
 import helm_python
 import pytest
-
 from chartkit import CHART_DIR, VALUE_SETS
 
 INFO = 1  # severities: 0 unknown, 1 info, 2 warning, 3 error

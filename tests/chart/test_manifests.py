@@ -10,9 +10,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from chartkit import CHART_DIR, KSERVE_CRDS, NAMESPACE, WATCHED, Manifest, only
 
 from batchpilot.operator.mapping import OWNER_LABEL
-from chartkit import CHART_DIR, KSERVE_CRDS, NAMESPACE, WATCHED, Manifest, only
 
 #: Groups of custom resources: kubernetes-validate knows only built-in kinds.
 KSERVE, PROM_OPERATOR = "serving.kserve.io", "monitoring.coreos.com"
@@ -40,7 +40,11 @@ def strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: strict(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -90,7 +94,14 @@ def test_serving_runtime_contract(manifests: list[Manifest]) -> None:
     (container,) = spec["containers"]
     assert container["name"] == "kserve-container"
     assert [container["command"][0], *container["args"]] == [
-        "batchpilot", "serve", "--model-repository", "/mnt/models", "--http-port", "8080", "--grpc-port", "8081",
+        "batchpilot",
+        "serve",
+        "--model-repository",
+        "/mnt/models",
+        "--http-port",
+        "8080",
+        "--grpc-port",
+        "8081",
     ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http1": 8080, "grpc": 8081}
@@ -134,7 +145,9 @@ def test_cluster_wide_install(chart_defaults: list[Manifest]) -> None:
     assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
     assert "--standalone" in args, "one replica and no RBAC for kopf's peering objects"
     assert {m["kind"] for m in chart_defaults} >= CLUSTER_SCOPED_KINDS
-    assert not {"ServiceMonitor", "ConfigMap"} & {m["kind"] for m in chart_defaults}, "optional parts are off by default"
+    assert not {"ServiceMonitor", "ConfigMap"} & {m["kind"] for m in chart_defaults}, (
+        "optional parts are off by default"
+    )
     (container,) = only(chart_defaults, *RUNTIME_KINDS)["spec"]["containers"]
     assert not any("gpu" in name for name in container["resources"].get("limits", {}))
 
@@ -146,7 +159,10 @@ def test_namespaced_install_templates_nothing_cluster_scoped(chart_full: list[Ma
     for kind in ("Role", "RoleBinding", "ServingRuntime"):
         assert only(chart_full, kind)["metadata"]["namespace"] == WATCHED
     subject = only(chart_full, "RoleBinding")["subjects"][0]
-    assert (subject["name"], subject["namespace"]) == (only(chart_full, "ServiceAccount")["metadata"]["name"], NAMESPACE)
+    assert (subject["name"], subject["namespace"]) == (
+        only(chart_full, "ServiceAccount")["metadata"]["name"],
+        NAMESPACE,
+    )
 
 
 def test_gpus_from_values(chart_full: list[Manifest]) -> None:

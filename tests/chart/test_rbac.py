@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
+from chartkit import Manifest, only
 
 from batchpilot.operator.rbac import OPERATOR_RULES
-from chartkit import Manifest, only
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -18,13 +18,7 @@ CLUSTER_SCOPED_RESOURCES = {("", "namespaces"), ("apiextensions.k8s.io", "custom
 
 
 def grants(rules: Iterable[Mapping[str, Any]]) -> set[Grant]:
-    return {
-        (g, r, v)
-        for rule in rules
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,9 @@ def test_grants_are_exact_not_wildcards(manifests: list[Manifest]) -> None:
     assert not any("*" in grant for grant in grants(role["rules"]))
 
 
-def test_cluster_role_grants_exactly_operator_rules(chart_defaults: list[Manifest], operator_grants: set[Grant]) -> None:
+def test_cluster_role_grants_exactly_operator_rules(
+    chart_defaults: list[Manifest], operator_grants: set[Grant]
+) -> None:
     assert grants(only(chart_defaults, "ClusterRole")["rules"]) == operator_grants
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import helm_python
 import pytest
-
 from chartkit import CHART_DIR, VALUE_SETS, render
 
 
@@ -42,7 +41,11 @@ def test_value_sets_are_valid(chart: helm_python.Chart, values: dict[str, Any]) 
         ({"servingRuntime": {"gpus": "2"}}, "/servingRuntime/gpus", "want integer"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled", "want boolean"),
         ({"operator": {"image": {"pullPolicy": "Sometimes"}}}, "/operator/image/pullPolicy", ""),
-        ({"servingRuntime": {"resources": {"limits": {"memory": "8 GB"}}}}, "/servingRuntime/resources/limits/memory", ""),
+        (
+            {"servingRuntime": {"resources": {"limits": {"memory": "8 GB"}}}},
+            "/servingRuntime/resources/limits/memory",
+            "",
+        ),
     ],
 )
 def test_bad_values_are_rejected_naming_the_key(

@@ -20,10 +20,13 @@ from batchpilot.operator.crdgen import build_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-KSERVE_CRDS = ROOT / ".tools" / "kserve" / "config" / "crd" / "full"  # the pinned KServe module source (make controlplane)
+KSERVE_CRDS = (
+    ROOT / ".tools" / "kserve" / "config" / "crd" / "full"
+)  # the pinned KServe module source (make controlplane)
 
 
 # ---------------------------------------------------------------------------------------- schemas
+
 
 def served_schema(crd: dict[str, Any]) -> dict[str, Any]:
     """The openAPIV3Schema of a CRD's storage version."""
@@ -123,6 +126,7 @@ def examples() -> dict[str, dict[str, Any]]:
 
 # ----------------------------------------------------------------------------------- kmock server
 
+
 @pytest.fixture(scope="session")
 def kserve_crd() -> dict[str, Any]:
     path = KSERVE_CRDS / "serving.kserve.io_inferenceservices.yaml"
@@ -138,8 +142,13 @@ def kserve_installed() -> bool:
 
 
 @pytest.fixture()
-async def apiserver(kserve_installed: bool, crd: dict[str, Any], kserve_crd: dict[str, Any], tmp_path: Path,
-                    monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ApiServer]:
+async def apiserver(
+    kserve_installed: bool,
+    crd: dict[str, Any],
+    kserve_crd: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[ApiServer]:
     """A kmock API server on loopback serving BatchedModels (and InferenceServices when KServe is
     installed), with KUBECONFIG pointing at it (for kopf and our client)."""
     resources = {**crd_resource(crd), **(crd_resource(kserve_crd) if kserve_installed else {})}

@@ -48,7 +48,10 @@ BASE_RESOURCES: Resources = {
     "v1/namespaces": {"namespaced": False, "kind": "Namespace", "verbs": ["get", "list", "watch"]},
     "v1/events": {"namespaced": True, "kind": "Event", "verbs": ["create", "get", "list"]},
     "apiextensions.k8s.io/v1/customresourcedefinitions": {
-        "namespaced": False, "kind": "CustomResourceDefinition", "verbs": ["get", "list", "watch", "create"]},
+        "namespaced": False,
+        "kind": "CustomResourceDefinition",
+        "verbs": ["get", "list", "watch", "create"],
+    },
 }
 
 
@@ -57,16 +60,19 @@ def crd_resource(crd: Mapping[str, Any]) -> Resources:
     kmock does not register a resource from a POSTed CRD, so tests declare it from the CRD itself."""
     spec = crd["spec"]
     version = next(v for v in spec["versions"] if v.get("storage"))
-    return {f"{spec['group']}/{version['name']}/{spec['names']['plural']}": {
-        "namespaced": spec["scope"] == "Namespaced",
-        "kind": spec["names"]["kind"],
-        "shortnames": spec["names"].get("shortNames", []),
-        "subresources": sorted(version.get("subresources", {})),
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-    }}
+    return {
+        f"{spec['group']}/{version['name']}/{spec['names']['plural']}": {
+            "namespaced": spec["scope"] == "Namespaced",
+            "kind": spec["names"]["kind"],
+            "shortnames": spec["names"].get("shortNames", []),
+            "subresources": sorted(version.get("subresources", {})),
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        }
+    }
 
 
 # ----------------------------------------------------------------------------------- the emulator
+
 
 def _merge(base: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
@@ -101,8 +107,12 @@ class Fault:
     hits: int = 0  # how many it failed so far
 
     def matches(self, request: kmock.Request) -> bool:
-        return (request.action == self.action and request.resource == self.resource
-                and request.subresource == self.subresource and (self.times is None or self.hits < self.times))
+        return (
+            request.action == self.action
+            and request.resource == self.resource
+            and request.subresource == self.subresource
+            and (self.times is None or self.hits < self.times)
+        )
 
 
 REASONS = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable"}
@@ -120,8 +130,15 @@ class ApiServer(kmock.KubernetesEmulator):
     faults: list[Fault] = attrs.field(factory=list, init=False)
     _versions: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
 
-    def fail(self, action: kmock.action, resource: kmock.resource, *, subresource: str | None = None,
-             status: int = 409, times: int | None = 1) -> Fault:
+    def fail(
+        self,
+        action: kmock.action,
+        resource: kmock.resource,
+        *,
+        subresource: str | None = None,
+        status: int = 409,
+        times: int | None = 1,
+    ) -> Fault:
         fault = Fault(action, resource, subresource, status, times)
         self.faults.append(fault)
         return fault
@@ -130,8 +147,11 @@ class ApiServer(kmock.KubernetesEmulator):
         if request.resource is not None and (fault := next((f for f in self.faults if f.matches(request)), None)):
             fault.hits += 1
             reason = REASONS.get(fault.status, "Injected")
-            return await self._render_error(kmock.KubernetesError(
-                status=fault.status, reason=reason, message=f"injected fault: {reason}", details={}))
+            return await self._render_error(
+                kmock.KubernetesError(
+                    status=fault.status, reason=reason, message=f"injected fault: {reason}", details={}
+                )
+            )
         if request.resource is not None and isinstance(request.data, dict | list):
             # Rewritten in place: the request object itself must stay the one in the request log.
             if request.action == kmock.action.CREATE:
@@ -155,8 +175,12 @@ class ApiServer(kmock.KubernetesEmulator):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if request.namespace:
             meta["namespace"] = request.namespace
-        meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self._versions)), generation=1,
-                    creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta.update(
+            uid=str(uuid.uuid4()),
+            resourceVersion=str(next(self._versions)),
+            generation=1,
+            creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
         if self._has_status(request):
             data.pop("status", None)
         return data
@@ -174,12 +198,17 @@ class ApiServer(kmock.KubernetesEmulator):
             return top == "status" if on_status else not (separate and top == "status")
 
         if isinstance(request.data, list):  # JSON patch
-            ops = [op for op in request.data if op["path"].startswith("/metadata/resourceVersion")
-                   or allowed(op["path"].split("/")[1])]
+            ops = [
+                op
+                for op in request.data
+                if op["path"].startswith("/metadata/resourceVersion") or allowed(op["path"].split("/")[1])
+            ]
             touched_spec = any(op["path"].startswith("/spec") for op in ops)
             ops.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
             if touched_spec:
-                ops.append({"op": "add", "path": "/metadata/generation", "value": current["metadata"]["generation"] + 1})
+                ops.append(
+                    {"op": "add", "path": "/metadata/generation", "value": current["metadata"]["generation"] + 1}
+                )
             return ops
         patch = {k: v for k, v in request.data.items() if allowed(k) or (on_status and k == "metadata")}
         meta = dict(patch.get("metadata") or {}) if not on_status else {}
@@ -195,17 +224,28 @@ def declare(server: ApiServer, resources: Resources) -> None:
     for name, info in {**BASE_RESOURCES, **resources}.items():
         server.resources[name] = info
     server.objects["v1/namespaces", None, "default"] = {
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "default"},
+    }
 
 
 def write_kubeconfig(path: Path, server_url: str) -> Path:
     """A kubeconfig whose current context is the emulator (namespace `default`)."""
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": server_url.rstrip("/")}}],
-        "users": [{"name": "test", "user": {"token": "test"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": "default"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": server_url.rstrip("/")}}],
+                "users": [{"name": "test", "user": {"token": "test"}}],
+                "contexts": [
+                    {"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": "default"}}
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -225,6 +265,7 @@ def threaded_apiserver(resources: Resources, timeout_s: float = 10.0) -> Iterato
     thread.start()
     stack = contextlib.AsyncExitStack()
     try:
+
         async def start() -> tuple[ApiServer, str]:
             return await stack.enter_async_context(serving_apiserver(resources))
 
@@ -238,8 +279,10 @@ def threaded_apiserver(resources: Resources, timeout_s: float = 10.0) -> Iterato
 
 # ------------------------------------------------------------------------------ reading and waiting
 
-def stored(server: kmock.KubernetesEmulator, resource: kmock.resource, name: str,
-           namespace: str = "default") -> dict[str, Any] | None:
+
+def stored(
+    server: kmock.KubernetesEmulator, resource: kmock.resource, name: str, namespace: str = "default"
+) -> dict[str, Any] | None:
     """The object as the emulator stores it now (None when absent or deleted)."""
     key = (resource, namespace, name)
     return None if key not in server.objects or server.objects[key].deleted else server.objects[key].raw
@@ -305,9 +348,13 @@ def manifest(examples: Mapping[str, Any], name: str = "multimodal") -> dict[str,
 
 # ------------------------------------------------------------------------------------ the operator
 
+
 @contextlib.asynccontextmanager
-async def running_operator(server: kmock.KubernetesEmulator, fetch: FetchBatching | None = None,
-                           watched: frozenset[kmock.resource] = frozenset({BM, ISVC})) -> AsyncIterator[KopfRunner]:
+async def running_operator(
+    server: kmock.KubernetesEmulator,
+    fetch: FetchBatching | None = None,
+    watched: frozenset[kmock.resource] = frozenset({BM, ISVC}),
+) -> AsyncIterator[KopfRunner]:
     """The real kopf operator (our registry and Reconciler) in KopfRunner's thread, against `server`
     (KUBECONFIG must point at it); short refresh and retry delays. Leaving stops it, re-raising its crash."""
     reconciler = Reconciler(Kube(client_from_environment()), emit=post_event)
@@ -318,8 +365,9 @@ async def running_operator(server: kmock.KubernetesEmulator, fetch: FetchBatchin
     await asyncio.to_thread(runner.__enter__)  # joins and waits block: keep the emulator's loop free
     try:
         # kmock can lose events between a watch's listing and its subscription: start on a quiet cluster.
-        await eventually(lambda: watched <= watched_resources(server),
-                         f"the operator to watch {sorted(r.plural for r in watched)}")
+        await eventually(
+            lambda: watched <= watched_resources(server), f"the operator to watch {sorted(r.plural for r in watched)}"
+        )
         await asyncio.sleep(0.5)
         yield runner
     finally:

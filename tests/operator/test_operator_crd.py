@@ -19,9 +19,7 @@ INVALID = sorted((Path(__file__).resolve().parents[2] / "examples" / "invalid").
 
 
 def test_committed_crd_matches_generator() -> None:
-    assert crdgen.CRD_PATH.read_text() == crdgen.render(), (
-        "crds/ is stale: run `python -m batchpilot.operator.crdgen`"
-    )
+    assert crdgen.CRD_PATH.read_text() == crdgen.render(), "crds/ is stale: run `python -m batchpilot.operator.crdgen`"
 
 
 def test_crd_passes_kubernetes_validate_strict(crd: dict[str, Any]) -> None:
@@ -90,8 +88,11 @@ def _mutations() -> list[tuple[str, str, Any]]:
         ("priority-over", "models.0.batching", {"priorityLevels": 2, "defaultPriorityLevel": 3}),
         ("bounds-equal", "models.1.autotune.bounds", {"minBatchSize": 8, "maxBatchSize": 8}),
         ("bounds-default-max", "models.1.autotune.bounds", {"minBatchSize": 65}),
-        ("delay-bounds-reversed", "models.1.autotune.bounds",
-         {"minQueueDelayMicroseconds": 10, "maxQueueDelayMicroseconds": 5}),
+        (
+            "delay-bounds-reversed",
+            "models.1.autotune.bounds",
+            {"minQueueDelayMicroseconds": 10, "maxQueueDelayMicroseconds": 5},
+        ),
         ("dim-zero", "models.0.inputs.0.shape", [3, 0, 64]),
         ("dim-minus-two", "models.0.outputs.0.shape", [-2]),
         ("dim-variable", "models.0.outputs.0.shape", [-1]),

@@ -13,8 +13,22 @@ from typing import Any
 
 import kmock
 import pytest
-from kmockkit import (BM, BM_URL, ISVC, ISVC_URL, MERGE, ApiServer, call, condition, event_reasons, eventually,
-                      manifest, running_operator, stored, stored_all)
+from kmockkit import (
+    BM,
+    BM_URL,
+    ISVC,
+    ISVC_URL,
+    MERGE,
+    ApiServer,
+    call,
+    condition,
+    event_reasons,
+    eventually,
+    manifest,
+    running_operator,
+    stored,
+    stored_all,
+)
 
 Validator = Callable[[dict[str, Any]], list[str]]  # the validate_cr fixture: the API server's errors, [] if valid
 
@@ -26,19 +40,25 @@ NAME = "multimodal"
 def _converged(server: ApiServer, name: str = NAME, generation: int = 1) -> dict[str, Any] | None:
     """The BatchedModel once its status says generation `generation` is applied and nothing is wrong."""
     obj = stored(server, BM, name)
-    ok = (obj is not None and obj.get("status", {}).get("observedGeneration") == generation
-          and condition(obj, "Reconciled").get("status") == "True"
-          and condition(obj, "Degraded").get("status") == "False")
+    ok = (
+        obj is not None
+        and obj.get("status", {}).get("observedGeneration") == generation
+        and condition(obj, "Reconciled").get("status") == "True"
+        and condition(obj, "Degraded").get("status") == "False"
+    )
     return obj if ok else None
 
 
-async def test_restart_mid_reconcile_converges_to_the_same_child(apiserver: ApiServer,
-                                                                  examples: dict[str, Any]) -> None:
+async def test_restart_mid_reconcile_converges_to_the_same_child(
+    apiserver: ApiServer, examples: dict[str, Any]
+) -> None:
     # Every status write fails: the operator creates the child, then cannot finish the reconcile.
     blocked = apiserver.fail(kmock.action.UPDATE, BM, subresource="status", status=503, times=None)
     async with running_operator(apiserver):
         await call(apiserver, "POST", BM_URL, json=manifest(examples))
-        await eventually(lambda: stored(apiserver, ISVC, NAME) and blocked.hits, "the child, then a failed status write")
+        await eventually(
+            lambda: stored(apiserver, ISVC, NAME) and blocked.hits, "the child, then a failed status write"
+        )
     # Stopped mid-reconcile: a child, but no status on its owner.
     before = stored(apiserver, ISVC, NAME)
     assert before is not None and "status" not in (stored(apiserver, BM, NAME) or {})
@@ -54,22 +74,30 @@ async def test_restart_mid_reconcile_converges_to_the_same_child(apiserver: ApiS
     assert after["spec"] == before["spec"]
 
 
-@pytest.mark.parametrize(("action", "resource", "subresource", "status"), [
-    pytest.param(kmock.action.CREATE, ISVC, None, 409, id="conflict-on-child-create"),
-    pytest.param(kmock.action.UPDATE, ISVC, None, 409, id="conflict-on-child-patch"),
-    pytest.param(kmock.action.UPDATE, BM, "status", 409, id="conflict-on-status-write"),
-    pytest.param(kmock.action.CREATE, ISVC, None, 503, id="unavailable-on-child-create"),
-    pytest.param(kmock.action.UPDATE, BM, "status", 503, id="unavailable-on-status-write"),
-])
-async def test_failed_write_is_retried(apiserver: ApiServer, examples: dict[str, Any], action: kmock.action,
-                                       resource: kmock.resource, subresource: str | None, status: int) -> None:
+@pytest.mark.parametrize(
+    ("action", "resource", "subresource", "status"),
+    [
+        pytest.param(kmock.action.CREATE, ISVC, None, 409, id="conflict-on-child-create"),
+        pytest.param(kmock.action.UPDATE, ISVC, None, 409, id="conflict-on-child-patch"),
+        pytest.param(kmock.action.UPDATE, BM, "status", 409, id="conflict-on-status-write"),
+        pytest.param(kmock.action.CREATE, ISVC, None, 503, id="unavailable-on-child-create"),
+        pytest.param(kmock.action.UPDATE, BM, "status", 503, id="unavailable-on-status-write"),
+    ],
+)
+async def test_failed_write_is_retried(
+    apiserver: ApiServer,
+    examples: dict[str, Any],
+    action: kmock.action,
+    resource: kmock.resource,
+    subresource: str | None,
+    status: int,
+) -> None:
     fault = apiserver.fail(action, resource, subresource=subresource, status=status)
     async with running_operator(apiserver):
         await call(apiserver, "POST", BM_URL, json=manifest(examples))
         await eventually(lambda: _converged(apiserver), "the first generation applied")
         # A spec change, so that the child is patched too (where the patch fault waits).
-        await call(apiserver, "PATCH", f"{BM_URL}/{NAME}", headers=MERGE,
-                   json={"spec": {"replicas": {"max": 3}}})
+        await call(apiserver, "PATCH", f"{BM_URL}/{NAME}", headers=MERGE, json={"spec": {"replicas": {"max": 3}}})
         await eventually(lambda: _converged(apiserver, generation=2), "the second generation applied")
     assert fault.hits == 1, "the fault was never injected"
     [child] = stored_all(apiserver, ISVC)
@@ -85,7 +113,8 @@ async def test_child_deleted_by_hand_is_recreated(apiserver: ApiServer, examples
         await call(apiserver, "DELETE", f"{ISVC_URL}/{NAME}")
         second = await eventually(
             lambda: (o := stored(apiserver, ISVC, NAME)) and o["metadata"]["uid"] != first["metadata"]["uid"] and o,
-            "the InferenceService recreated")
+            "the InferenceService recreated",
+        )
     assert second["spec"] == first["spec"]
     assert second["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]
     assert event_reasons(apiserver).count("Created") == 2
@@ -97,15 +126,21 @@ def _junk_spec(examples: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_invalid_specs_are_degraded_and_never_stop_the_operator(
-        apiserver: ApiServer, examples: dict[str, Any], validate_cr: Validator) -> None:
+    apiserver: ApiServer, examples: dict[str, Any], validate_cr: Validator
+) -> None:
     good = manifest(examples, "good")
     bad = {
         # The schema (and its CEL rules) accept a dotted name; KServe cannot derive its Service names from it.
         "dotted.name": ("Unsupported", manifest(examples, "dotted.name")),
         # Garbage only a server without the CRD's schema stores (kmock has none).
         "string-spec": ("InvalidSpec", {**manifest(examples, "string-spec"), "spec": "garbage"}),
-        "wrong-types": ("InvalidSpec", {**manifest(examples, "wrong-types"), "spec": {
-            "models": [{"name": 7, "inputs": "x", "batching": []}], "replicas": {"min": 3, "max": 1}}}),
+        "wrong-types": (
+            "InvalidSpec",
+            {
+                **manifest(examples, "wrong-types"),
+                "spec": {"models": [{"name": 7, "inputs": "x", "batching": []}], "replicas": {"min": 3, "max": 1}},
+            },
+        ),
         "junk-keys": ("InvalidSpec", {**manifest(examples, "junk-keys"), "spec": _junk_spec(examples)}),
     }
     assert validate_cr(bad["dotted.name"][1]) == []
@@ -116,12 +151,16 @@ async def test_invalid_specs_are_degraded_and_never_stop_the_operator(
             await call(apiserver, "POST", BM_URL, json=body)
         await call(apiserver, "POST", BM_URL, json=good)
         for name, (reason, _) in bad.items():
-            degraded = await eventually(lambda: condition(stored(apiserver, BM, name), "Degraded"), f"Degraded on {name}")
+            degraded = await eventually(
+                lambda name=name: condition(stored(apiserver, BM, name), "Degraded"), f"Degraded on {name}"
+            )
             assert (degraded["status"], degraded["reason"]) == ("True", reason), (name, degraded)
             assert len(degraded["message"]) <= 4096, f"{name}: a {len(degraded['message'])}-character message"
             assert condition(stored(apiserver, BM, name), "Ready")["status"] == "False"
         # The others are served all along, and a fixed spec recovers.
-        await eventually(lambda: _converged(apiserver, "good") and stored(apiserver, ISVC, "good"), "the good one served")
+        await eventually(
+            lambda: _converged(apiserver, "good") and stored(apiserver, ISVC, "good"), "the good one served"
+        )
         await call(apiserver, "PATCH", f"{BM_URL}/wrong-types", headers=MERGE, json={"spec": good["spec"]})
         await eventually(lambda: _converged(apiserver, "wrong-types", generation=2), "wrong-types fixed")
         assert {o["metadata"]["name"] for o in stored_all(apiserver, ISVC)} == {"good", "wrong-types"}

@@ -55,12 +55,20 @@ def test_ownership_and_labels(examples: dict[str, Any]) -> None:
     assert meta["name"] == "resnet" and meta["namespace"] == "ns"
     assert meta["labels"][mapping.OWNER_LABEL] == "resnet"
     (owner,) = meta["ownerReferences"]
-    assert owner == {"apiVersion": "batchpilot.io/v1alpha1", "kind": "BatchedModel", "name": "resnet",
-                     "uid": UID, "controller": True, "blockOwnerDeletion": True}
+    assert owner == {
+        "apiVersion": "batchpilot.io/v1alpha1",
+        "kind": "BatchedModel",
+        "name": "resnet",
+        "uid": UID,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
-@pytest.mark.parametrize(("given", "written"), [("Standard", "Standard"), ("RawDeployment", "Standard"),
-                                                  ("Knative", "Knative"), ("Serverless", "Knative")])
+@pytest.mark.parametrize(
+    ("given", "written"),
+    [("Standard", "Standard"), ("RawDeployment", "Standard"), ("Knative", "Knative"), ("Serverless", "Knative")],
+)
 def test_deployment_mode_annotation(examples: dict[str, Any], given: str, written: str) -> None:
     manifest = {**examples["cv.yaml"], "spec": {**examples["cv.yaml"]["spec"], "deploymentMode": given}}
     assert _isvc(manifest)["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": written}
@@ -74,8 +82,9 @@ def test_runtime_override_and_cpu_only(examples: dict[str, Any]) -> None:
     assert model["resources"]["limits"]["cpu"] == "8"  # an int in YAML becomes a quantity string
 
 
-@pytest.mark.parametrize(("name", "ok"), [("resnet", True), ("a" * 53, True), ("a" * 54, False),
-                                          ("1resnet", False), ("res.net", False)])
+@pytest.mark.parametrize(
+    ("name", "ok"), [("resnet", True), ("a" * 53, True), ("a" * 54, False), ("1resnet", False), ("res.net", False)]
+)
 def test_names_kserve_cannot_take_are_reported(examples: dict[str, Any], name: str, ok: bool) -> None:
     spec = BatchedModelSpec.model_validate(examples["cv.yaml"]["spec"])
     problems = mapping.unsupported(name, spec)
@@ -86,8 +95,14 @@ def test_names_kserve_cannot_take_are_reported(examples: dict[str, Any], name: s
 
 def test_drift_patch_reverts_only_owned_fields() -> None:
     desired = {"spec": {"predictor": {"minReplicas": 1, "model": {"runtime": "batchpilot", "env": [{"name": "A"}]}}}}
-    current = {"spec": {"predictor": {"minReplicas": 1, "model": {"runtime": "other", "env": [{"name": "A"}],
-                                                                 "name": "kserve-container"}}}}
+    current = {
+        "spec": {
+            "predictor": {
+                "minReplicas": 1,
+                "model": {"runtime": "other", "env": [{"name": "A"}], "name": "kserve-container"},
+            }
+        }
+    }
     assert drift_patch(current, desired) == {"spec": {"predictor": {"model": {"runtime": "batchpilot"}}}}
     assert drift_patch(desired, desired) == {}
     current["spec"]["predictor"]["model"]["env"].append({"name": "B"})  # lists compare whole
@@ -95,9 +110,14 @@ def test_drift_patch_reverts_only_owned_fields() -> None:
 
 
 def _isvc_with_ready(state: str, message: str = "") -> dict[str, Any]:
-    return {"metadata": {"name": "x"}, "status": {"url": "http://x.ns.example.com",
+    return {
+        "metadata": {"name": "x"},
+        "status": {
+            "url": "http://x.ns.example.com",
             "address": {"url": "http://x-predictor.ns.svc.cluster.local"},
-            "conditions": [{"type": "Ready", "status": state, "message": message}]}}
+            "conditions": [{"type": "Ready", "status": state, "message": message}],
+        },
+    }
 
 
 def test_conditions_follow_kserve_and_keep_transition_times() -> None:
@@ -106,8 +126,9 @@ def test_conditions_follow_kserve_and_keep_transition_times() -> None:
     assert by_type["Ready"]["status"] == "False" and by_type["Ready"]["message"] == "Pending"
     assert by_type["Reconciled"]["status"] == "True" and by_type["Degraded"]["status"] == "False"
     old = [{**c, "lastTransitionTime": "2020-01-01T00:00:00Z"} for c in first]
-    second = {c["type"]: c for c in status.conditions(generation=2, problem=None,
-                                                      isvc=_isvc_with_ready("True"), previous=old)}
+    second = {
+        c["type"]: c for c in status.conditions(generation=2, problem=None, isvc=_isvc_with_ready("True"), previous=old)
+    }
     assert second["Ready"]["status"] == "True" and second["Ready"]["lastTransitionTime"] != "2020-01-01T00:00:00Z"
     assert second["Reconciled"]["lastTransitionTime"] == "2020-01-01T00:00:00Z"  # unchanged status
     assert second["Reconciled"]["observedGeneration"] == 2
@@ -115,28 +136,49 @@ def test_conditions_follow_kserve_and_keep_transition_times() -> None:
 
 def test_problem_degrades_and_unreadies() -> None:
     problem = status.Problem("KServeMissing", "KServe is not installed")
-    conds = {c["type"]: c for c in status.conditions(generation=1, problem=problem,
-                                                     isvc=_isvc_with_ready("True"), previous=[])}
+    conds = {
+        c["type"]: c
+        for c in status.conditions(generation=1, problem=problem, isvc=_isvc_with_ready("True"), previous=[])
+    }
     assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "NotReconciled"
     assert conds["Reconciled"]["reason"] == "KServeMissing"
     assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["message"] == "KServe is not installed"
 
 
 def test_model_batching_status_from_runtime_json() -> None:
-    payload = {"model": "cnn", "max_batch_size": 16, "max_queue_delay_microseconds": 2000,
-               "autotune": {"enabled": True, "latency_slo_p99_ms": 50.0, "slo_feasible": True,
-                            "latency_model": {"a_ms_per_item": 0.4, "b_ms": 1.2}, "changes": 3},
-               "recent": {"window_s": 10.0, "p99_ms": 12.3, "throughput_rps": 450.1, "items_per_s": 450.1}}
+    payload = {
+        "model": "cnn",
+        "max_batch_size": 16,
+        "max_queue_delay_microseconds": 2000,
+        "autotune": {
+            "enabled": True,
+            "latency_slo_p99_ms": 50.0,
+            "slo_feasible": True,
+            "latency_model": {"a_ms_per_item": 0.4, "b_ms": 1.2},
+            "changes": 3,
+        },
+        "recent": {"window_s": 10.0, "p99_ms": 12.3, "throughput_rps": 450.1, "items_per_s": 450.1},
+    }
     entry = status.model_batching("cnn", payload)
     assert entry.pop("updated")
-    assert entry == {"name": "cnn", "maxBatchSize": 16, "maxQueueDelayMicroseconds": 2000, "autotune": True,
-                     "latencySloP99Ms": 50.0, "sloFeasible": True, "autotuneChanges": 3,
-                     "recentP99Ms": 12.3, "recentThroughputRps": 450.1}
+    assert entry == {
+        "name": "cnn",
+        "maxBatchSize": 16,
+        "maxQueueDelayMicroseconds": 2000,
+        "autotune": True,
+        "latencySloP99Ms": 50.0,
+        "sloFeasible": True,
+        "autotuneChanges": 3,
+        "recentP99Ms": 12.3,
+        "recentThroughputRps": 450.1,
+    }
 
 
 def test_isvc_urls_prefer_the_in_cluster_address() -> None:
     assert status.isvc_urls(_isvc_with_ready("True")) == (
-        "http://x.ns.example.com", "http://x-predictor.ns.svc.cluster.local")
+        "http://x.ns.example.com",
+        "http://x-predictor.ns.svc.cluster.local",
+    )
     assert status.isvc_urls(None) == (None, None)
 
 
@@ -153,7 +195,11 @@ def test_cli_registers_operator_and_crd() -> None:
     add_operator_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["operator", "--namespace", "ml", "--liveness", "http://0.0.0.0:8080/healthz"])
     assert (args.namespace, args.liveness, args.standalone, callable(args.func)) == (
-        "ml", "http://0.0.0.0:8080/healthz", False, True)
+        "ml",
+        "http://0.0.0.0:8080/healthz",
+        False,
+        True,
+    )
     with pytest.raises(SystemExit):
         parser.parse_args(["operator", "--namespace", "ml", "--all-namespaces"])
     assert callable(parser.parse_args(["crd"]).func)

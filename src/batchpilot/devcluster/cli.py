@@ -12,13 +12,23 @@ from typing import Any
 
 
 def add_cluster_parser(sub: Any) -> None:
-    cluster = sub.add_parser("cluster", help="run a local Kubernetes control plane (etcd, API server, controllers, "
-                                             "scheduler, kwok) on 127.0.0.1 until Ctrl-C")
+    cluster = sub.add_parser(
+        "cluster",
+        help="run a local Kubernetes control plane (etcd, API server, controllers, "
+        "scheduler, kwok) on 127.0.0.1 until Ctrl-C",
+    )
     cluster.add_argument("--dir", default=".cluster", help="state, logs and kubeconfig (wiped at start)")
-    cluster.add_argument("--bin-dir", default=os.environ.get("BATCHPILOT_TOOLS_BIN", ".tools/bin"),
-                         help="where `make controlplane` put the binaries")
-    cluster.add_argument("--kserve", action=argparse.BooleanOptionalAction, default=True,
-                         help="also run KServe's controller manager and webhooks (Standard mode)")
+    cluster.add_argument(
+        "--bin-dir",
+        default=os.environ.get("BATCHPILOT_TOOLS_BIN", ".tools/bin"),
+        help="where `make controlplane` put the binaries",
+    )
+    cluster.add_argument(
+        "--kserve",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run KServe's controller manager and webhooks (Standard mode)",
+    )
     cluster.set_defaults(func=run_cluster)
 
 
@@ -39,8 +49,11 @@ def run_cluster(args: argparse.Namespace) -> int:
             from batchpilot.devcluster.kserve import KServe
 
             seconds += KServe(cluster).start()
-        print(f"cluster ready in {seconds:.0f} s; logs in {cluster.logs}\n"
-              f"export KUBECONFIG={cluster.kubeconfig.resolve()}", flush=True)
+        print(
+            f"cluster ready in {seconds:.0f} s; logs in {cluster.logs}\n"
+            f"export KUBECONFIG={cluster.kubeconfig.resolve()}",
+            flush=True,
+        )
         while not stop.is_set():
             dead = [c.name for c in cluster.components.values() if not c.running()]
             if dead:

@@ -18,7 +18,7 @@ import yaml
 from batchpilot.devcluster.pki import CertificateAuthority, write_signing_keypair
 from batchpilot.devcluster.process import ClusterError, Component, free_port, wait_until
 
-__all__ = ["ClusterError", "LocalCluster", "FAKE_NODE"]
+__all__ = ["FAKE_NODE", "ClusterError", "LocalCluster"]
 
 #: The fake node kwok manages: room for every test pod, and GPUs for GPU models.
 FAKE_NODE = "kwok-node-0"
@@ -99,15 +99,24 @@ class LocalCluster:
     def api(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
         """One authenticated API call (admin unless `token`); returns the decoded JSON answer."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.server + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token or self.token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.server + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {token or self.token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, context=self._ssl(), timeout=10) as response:
             return json.loads(response.read() or b"null")
 
     def kubectl(self, *args: str, kubeconfig: Path | None = None, stdin: str | None = None) -> str:
         """Run the real kubectl against this cluster; its stdout, or ClusterError with its stderr."""
-        done = subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
-                              input=stdin, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if done.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
         return done.stdout
@@ -119,8 +128,10 @@ class LocalCluster:
         while pending and time.monotonic() < deadline:
             for name in sorted(pending):
                 crd = self.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                if any(c["type"] == "Established" and c["status"] == "True"
-                       for c in (crd.get("status") or {}).get("conditions") or []):
+                if any(
+                    c["type"] == "Established" and c["status"] == "True"
+                    for c in (crd.get("status") or {}).get("conditions") or []
+                ):
                     pending.discard(name)
             time.sleep(0.1)
         if pending:
@@ -137,8 +148,7 @@ class LocalCluster:
         for d in (self.workdir, self.logs, self.pki, self.workdir / "etcd"):
             d.mkdir(parents=True, exist_ok=True)
         self.ca = CertificateAuthority(self.pki)
-        self.ca.serving_pair("apiserver", ("localhost", "kubernetes", "kubernetes.default",
-                                           "kubernetes.default.svc"))
+        self.ca.serving_pair("apiserver", ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"))
         write_signing_keypair(self.pki / "sa.key", self.pki / "sa.pub")
         # One static admin token (group system:masters); everything else authenticates as a ServiceAccount.
         (self.pki / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
@@ -152,15 +162,22 @@ class LocalCluster:
 
     def _start_etcd(self, timeout_s: float) -> None:
         p = self.ports
-        etcd = self._start("etcd", [
-            str(self.bin_dir / "etcd"), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{p.etcd_client}",
-            f"--advertise-client-urls=http://127.0.0.1:{p.etcd_client}",
-            f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{p.etcd_peer}",
-            "--unsafe-no-fsync", "--quota-backend-bytes=4294967296", "--log-level=warn",
-        ])
+        etcd = self._start(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p.etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{p.etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{p.etcd_peer}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
 
         def healthy() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{p.etcd_client}/health", timeout=2) as r:
@@ -170,60 +187,104 @@ class LocalCluster:
 
     def _start_apiserver(self, timeout_s: float) -> None:
         p, pki = self.ports, self.pki
-        apiserver = self._start("kube-apiserver", [
-            str(self.bin_dir / "kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p.apiserver}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--cert-dir={pki}",
-            f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={_SERVICE_CIDR}", "--allow-privileged=true",
-            "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
-        ])
+        apiserver = self._start(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={p.apiserver}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--cert-dir={pki}",
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={_SERVICE_CIDR}",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
         wait_until(apiserver, lambda: self._get_text("/readyz") == "ok", timeout_s, "ready (/readyz)")
 
     def _controller_manager_argv(self) -> list[str]:
         return [
-            str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={self.ports.controller_manager}",
-            f"--service-account-private-key-file={self.pki / 'sa.key'}", f"--root-ca-file={self.ca_path}",
-            "--controllers=*", "--use-service-account-credentials=false", "--profiling=false", "--v=1",
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports.controller_manager}",
+            f"--service-account-private-key-file={self.pki / 'sa.key'}",
+            f"--root-ca-file={self.ca_path}",
+            "--controllers=*",
+            "--use-service-account-credentials=false",
+            "--profiling=false",
+            "--v=1",
         ]
 
     def _scheduler_argv(self) -> list[str]:
         return [
-            str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports.scheduler}", "--profiling=false", "--v=1",
+            str(self.bin_dir / "kube-scheduler"),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports.scheduler}",
+            "--profiling=false",
+            "--v=1",
         ]
 
     def _kwok_argv(self) -> list[str]:
         # kwok's own "fast" stages (its kustomize/stage/fast): nodes turn Ready and keep a lease, pods bound
         # to them turn Running and Ready at once, deleted pods go away.
         stages = self.bin_dir.parent / "kwok" / "kustomize" / "stage"
-        files = [f for d in ("node/fast", "node/heartbeat-with-lease", "pod/fast") for f in sorted((stages / d).glob("*.yaml"))
-                 if f.name != "kustomization.yaml"]
+        files = [
+            f
+            for d in ("node/fast", "node/heartbeat-with-lease", "pod/fast")
+            for f in sorted((stages / d).glob("*.yaml"))
+            if f.name != "kustomization.yaml"
+        ]
         if not files:
             raise ClusterError(f"kwok's stages are not under {stages} (run `make controlplane`)")
         config = self.workdir / "kwok.yaml"
         config.write_text("\n---\n".join(f.read_text() for f in files))
         return [
-            str(self.bin_dir / "kwok"), f"--config={config}", f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
+            str(self.bin_dir / "kwok"),
+            f"--config={config}",
+            f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={_KWOK_ANNOTATION}=fake",
-            "--node-ip=127.0.0.1", "--cidr=10.0.1.0/24", f"--server-address=127.0.0.1:{self.ports.kwok}",
+            "--node-ip=127.0.0.1",
+            "--cidr=10.0.1.0/24",
+            f"--server-address=127.0.0.1:{self.ports.kwok}",
         ]
 
     def _create_fake_node(self) -> None:
         capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(self.gpus_per_node)}
-        self.api("POST", "/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": FAKE_NODE, "annotations": {_KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                         "labels": {"type": "kwok", "kubernetes.io/hostname": FAKE_NODE, "kubernetes.io/os": "linux",
-                                    "kubernetes.io/arch": "amd64"}},
-            "spec": {},
-            "status": {"capacity": capacity, "allocatable": capacity},
-        })
+        self.api(
+            "POST",
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": FAKE_NODE,
+                    "annotations": {_KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": FAKE_NODE,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                    },
+                },
+                "spec": {},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            },
+        )
 
     def _wait_settled(self, timeout_s: float) -> None:
         """Ready when kwok's node is Ready and the controller manager has made the default ServiceAccount."""
@@ -236,8 +297,12 @@ class LocalCluster:
             return bool(self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default"))
 
         wait_until(self.components["kwok"], node_ready, max(timeout_s, 10), "marking its node Ready")
-        wait_until(self.components["kube-controller-manager"], default_service_account, max(timeout_s, 10),
-                   "creating the default ServiceAccount")
+        wait_until(
+            self.components["kube-controller-manager"],
+            default_service_account,
+            max(timeout_s, 10),
+            "creating the default ServiceAccount",
+        )
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -256,13 +321,25 @@ class LocalCluster:
 
     def _write_kubeconfig(self, path: Path, token: str, namespace: str = "default") -> None:
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "batchpilot-local",
-            "clusters": [{"name": "batchpilot-local", "cluster": {
-                "server": self.server,
-                "certificate-authority-data": base64.b64encode(self.ca_path.read_bytes()).decode()}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "batchpilot-local",
+            "clusters": [
+                {
+                    "name": "batchpilot-local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": base64.b64encode(self.ca_path.read_bytes()).decode(),
+                    },
+                }
+            ],
             "users": [{"name": "user", "user": {"token": token}}],
-            "contexts": [{"name": "batchpilot-local",
-                          "context": {"cluster": "batchpilot-local", "user": "user", "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "batchpilot-local",
+                    "context": {"cluster": "batchpilot-local", "user": "user", "namespace": namespace},
+                }
+            ],
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False))

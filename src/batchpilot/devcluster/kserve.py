@@ -84,8 +84,12 @@ class KServe:
         crds = kserve_crds(self.source)
         self.kubectl_apply(crds)
         self.cluster.wait_established([c["metadata"]["name"] for c in crds])
-        self.kubectl_apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-                            standard_mode_config(self.source)])
+        self.kubectl_apply(
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+                standard_mode_config(self.source),
+            ]
+        )
         manager = self._start_manager()
 
         def healthy() -> bool:
@@ -110,14 +114,22 @@ class KServe:
         pair = self.cluster.ca.serving_pair("kserve-webhook")
         pair.cert.replace(certs / "tls.crt")
         pair.key.replace(certs / "tls.key")
-        component = Component("kserve-manager", [
-            str(self.cluster.bin_dir / "kserve-manager"), f"--webhook-port={self.webhook_port}",
-            f"--metrics-addr=127.0.0.1:{self.metrics_port}", f"--health-probe-addr=127.0.0.1:{self.probe_port}",
-            "--leader-elect=false",
-        ], self.cluster.logs / "kserve-manager.log", env={
-            "KUBECONFIG": str(self.cluster.kubeconfig), "POD_NAMESPACE": NAMESPACE,
-            "TMPDIR": str(self.workdir / "tmp")})
+        component = Component(
+            "kserve-manager",
+            [
+                str(self.cluster.bin_dir / "kserve-manager"),
+                f"--webhook-port={self.webhook_port}",
+                f"--metrics-addr=127.0.0.1:{self.metrics_port}",
+                f"--health-probe-addr=127.0.0.1:{self.probe_port}",
+                "--leader-elect=false",
+            ],
+            self.cluster.logs / "kserve-manager.log",
+            env={
+                "KUBECONFIG": str(self.cluster.kubeconfig),
+                "POD_NAMESPACE": NAMESPACE,
+                "TMPDIR": str(self.workdir / "tmp"),
+            },
+        )
         self.cluster.components[component.name] = component
         component.start()
         return component
-

@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchpilot.testing.processes import free_port
+
+__all__ = ["ClusterError", "Component", "free_port", "wait_until"]
+
 
 class ClusterError(RuntimeError):
     """The cluster could not be started (the message names the component and its log)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -34,8 +31,14 @@ class Component:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             # A session of its own: a Ctrl-C in the terminal reaches the launcher, which stops us in order.
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, **self.env}, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -67,7 +70,7 @@ def wait_until(component: Component, probe: Callable[[], bool], timeout_s: float
         try:
             if probe():
                 return
-        except Exception:  # noqa: BLE001 - anything short of success means "not yet"
+        except Exception:
             pass
         time.sleep(0.2)
     raise ClusterError(f"{component.name}: not {what} within {timeout_s:.0f} s; {component.log}:\n{component.tail()}")

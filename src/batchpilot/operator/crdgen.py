@@ -25,7 +25,13 @@ from pydantic_core import core_schema
 
 from batchpilot.spec import batchedmodel as bm
 from batchpilot.spec.model import (
-    NAME_PATTERN, TENSOR_NAME_PATTERN, TOKEN_DATATYPES, AutotuneBounds, BatchingSpec, ModelSpec, TensorSpec,
+    NAME_PATTERN,
+    TENSOR_NAME_PATTERN,
+    TOKEN_DATATYPES,
+    AutotuneBounds,
+    BatchingSpec,
+    ModelSpec,
+    TensorSpec,
 )
 
 CRD_NAME = f"{bm.PLURAL}.{bm.API_GROUP}"
@@ -61,35 +67,54 @@ _TOKEN_TYPES = ", ".join(f"'{t}'" for t in TOKEN_DATATYPES)
 #: (a subclass, e.g. BatchedModelEntry of ModelSpec, inherits them as it inherits the validator).
 CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
     TensorSpec: [
-        {"rule": "self.shape.all(d, d == -1 || d > 0)",
-         "message": "every dimension must be positive or -1", "fieldPath": ".shape"},
+        {
+            "rule": "self.shape.all(d, d == -1 || d > 0)",
+            "message": "every dimension must be positive or -1",
+            "fieldPath": ".shape",
+        },
     ],
     BatchingSpec: [
-        {"rule": "!has(self.preferredBatchSize) || self.preferredBatchSize.all(s, s >= 1 && s <= "
-                 f"{_value(BatchingSpec, 'max_batch_size')})",
-         "message": "preferredBatchSize entries must lie in 1..maxBatchSize", "fieldPath": ".preferredBatchSize"},
-        {"rule": f"{_value(BatchingSpec, 'default_priority_level')} <= {_value(BatchingSpec, 'priority_levels')}",
-         "message": "defaultPriorityLevel must not exceed priorityLevels", "fieldPath": ".defaultPriorityLevel"},
+        {
+            "rule": "!has(self.preferredBatchSize) || self.preferredBatchSize.all(s, s >= 1 && s <= "
+            f"{_value(BatchingSpec, 'max_batch_size')})",
+            "message": "preferredBatchSize entries must lie in 1..maxBatchSize",
+            "fieldPath": ".preferredBatchSize",
+        },
+        {
+            "rule": f"{_value(BatchingSpec, 'default_priority_level')} <= {_value(BatchingSpec, 'priority_levels')}",
+            "message": "defaultPriorityLevel must not exceed priorityLevels",
+            "fieldPath": ".defaultPriorityLevel",
+        },
     ],
     AutotuneBounds: [
-        {"rule": f"{_value(AutotuneBounds, 'min_batch_size')} <= {_value(AutotuneBounds, 'max_batch_size')}",
-         "message": "minBatchSize must not exceed maxBatchSize", "fieldPath": ".minBatchSize"},
-        {"rule": f"{_value(AutotuneBounds, 'min_queue_delay_microseconds')} <= "
-                 f"{_value(AutotuneBounds, 'max_queue_delay_microseconds')}",
-         "message": "minQueueDelayMicroseconds must not exceed maxQueueDelayMicroseconds",
-         "fieldPath": ".minQueueDelayMicroseconds"},
+        {
+            "rule": f"{_value(AutotuneBounds, 'min_batch_size')} <= {_value(AutotuneBounds, 'max_batch_size')}",
+            "message": "minBatchSize must not exceed maxBatchSize",
+            "fieldPath": ".minBatchSize",
+        },
+        {
+            "rule": f"{_value(AutotuneBounds, 'min_queue_delay_microseconds')} <= "
+            f"{_value(AutotuneBounds, 'max_queue_delay_microseconds')}",
+            "message": "minQueueDelayMicroseconds must not exceed maxQueueDelayMicroseconds",
+            "fieldPath": ".minQueueDelayMicroseconds",
+        },
     ],
     ModelSpec: [
         _unique("inputs", "input"),
         _unique("outputs", "output"),
-        {"rule": f"self.type != 'nlp' || (size(self.inputs) == 1 && self.inputs[0].datatype in [{_TOKEN_TYPES}]"
-                 " && self.inputs[0].shape == [-1])",
-         "message": "an nlp model takes exactly one input: token ids, datatype INT64 or INT32, shape [-1]",
-         "fieldPath": ".inputs"},
+        {
+            "rule": f"self.type != 'nlp' || (size(self.inputs) == 1 && self.inputs[0].datatype in [{_TOKEN_TYPES}]"
+            " && self.inputs[0].shape == [-1])",
+            "message": "an nlp model takes exactly one input: token ids, datatype INT64 or INT32, shape [-1]",
+            "fieldPath": ".inputs",
+        },
     ],
     bm.ReplicaRange: [
-        {"rule": f"{_value(bm.ReplicaRange, 'min')} <= {_value(bm.ReplicaRange, 'max')}",
-         "message": "replicas.min must not exceed replicas.max", "fieldPath": ".min"},
+        {
+            "rule": f"{_value(bm.ReplicaRange, 'min')} <= {_value(bm.ReplicaRange, 'max')}",
+            "message": "replicas.min must not exceed replicas.max",
+            "fieldPath": ".min",
+        },
     ],
     bm.BatchedModelSpec: [_unique("models", "model")],
 }
@@ -128,8 +153,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             node[limit], node[bound] = node[bound], True
     if node.get("pattern") in _PATTERN_MAX_LENGTH:
         node.setdefault("maxLength", _PATTERN_MAX_LENGTH[node["pattern"]])
-    out = {key: _structural(value, defs) if key in ("properties", "items", "anyOf") else value
-           for key, value in node.items()}
+    out = {
+        key: _structural(value, defs) if key in ("properties", "items", "anyOf") else value
+        for key, value in node.items()
+    }
     if "properties" in out:
         out["properties"] = {name: _structural(prop, defs) for name, prop in node["properties"].items()}
         required = set(out.get("required", []))
@@ -163,36 +190,44 @@ def build_crd() -> dict[str, Any]:
         "spec": {
             "group": bm.API_GROUP,
             "names": {
-                "kind": bm.KIND, "listKind": f"{bm.KIND}List", "plural": bm.PLURAL, "singular": bm.SINGULAR,
-                "shortNames": list(bm.SHORT_NAMES), "categories": ["batchpilot"],
+                "kind": bm.KIND,
+                "listKind": f"{bm.KIND}List",
+                "plural": bm.PLURAL,
+                "singular": bm.SINGULAR,
+                "shortNames": list(bm.SHORT_NAMES),
+                "categories": ["batchpilot"],
             },
             "scope": "Namespaced",
-            "versions": [{
-                "name": bm.API_VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "Ready", "type": "string", "jsonPath": _ready("status")},
-                    {"name": "Models", "type": "string", "jsonPath": ".status.modelNames"},
-                    {"name": "URL", "type": "string", "jsonPath": ".status.url"},
-                    {"name": "Reason", "type": "string", "jsonPath": _ready("reason"), "priority": 1},
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "description": "Models served by one BatchPilot runtime on KServe, with dynamic batching "
-                                   "and online autotuning per model.",
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": openapi_schema(bm.BatchedModelSpec),
-                        "status": status,
+            "versions": [
+                {
+                    "name": bm.API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Ready", "type": "string", "jsonPath": _ready("status")},
+                        {"name": "Models", "type": "string", "jsonPath": ".status.modelNames"},
+                        {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+                        {"name": "Reason", "type": "string", "jsonPath": _ready("reason"), "priority": 1},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "Models served by one BatchPilot runtime on KServe, with dynamic batching "
+                            "and online autotuning per model.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": openapi_schema(bm.BatchedModelSpec),
+                                "status": status,
+                            },
+                            "required": ["spec"],
+                        }
                     },
-                    "required": ["spec"],
-                }},
-            }],
+                }
+            ],
         },
     }
 
@@ -211,8 +246,12 @@ def render() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the BatchedModel CRD generated from the spec types.")
     parser.add_argument("--stdout", action="store_true", help="print the CRD instead of writing it")
-    parser.add_argument("--output", type=Path, action="append",
-                        help=f"file to write, repeatable (default: {CRD_PATH} and the chart's copy)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        action="append",
+        help=f"file to write, repeatable (default: {CRD_PATH} and the chart's copy)",
+    )
     args = parser.parse_args(argv)
     text = render()
     if args.stdout:

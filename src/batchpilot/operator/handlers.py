@@ -15,14 +15,15 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from batchpilot.operator.mapping import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION, OWNER_LABEL
+from batchpilot.operator.mapping import OWNER_LABEL
 from batchpilot.operator.reconcile import Reconciler
 from batchpilot.spec import batchedmodel as bm
+from batchpilot.spec.contracts import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION
 
 logger = logging.getLogger("batchpilot.operator")
 
-BATCHED_MODELS = {"group": bm.API_GROUP, "version": bm.API_VERSION, "plural": bm.PLURAL}
-INFERENCE_SERVICES = {"group": ISVC_GROUP, "version": ISVC_VERSION, "plural": ISVC_PLURAL}
+BATCHED_MODELS: dict[str, Any] = {"group": bm.API_GROUP, "version": bm.API_VERSION, "plural": bm.PLURAL}
+INFERENCE_SERVICES: dict[str, Any] = {"group": ISVC_GROUP, "version": ISVC_VERSION, "plural": ISVC_PLURAL}
 #: Problems that go away by themselves (KServe installed later, API hiccup): retried with a delay.
 RETRYABLE = {"KServeMissing", "ApplyFailed"}
 
@@ -38,7 +39,9 @@ def retried_soon(delay_s: float) -> Iterator[None]:
     try:
         yield
     except ApiException as error:
-        raise kopf.TemporaryError(f"Kubernetes API call failed: {error.status} {error.reason}", delay=delay_s) from error
+        raise kopf.TemporaryError(
+            f"Kubernetes API call failed: {error.status} {error.reason}", delay=delay_s
+        ) from error
 
 
 def register(

@@ -14,8 +14,8 @@ import kubernetes
 from kubernetes.client import ApiClient, CustomObjectsApi
 from kubernetes.client.rest import ApiException
 
-from batchpilot.operator.mapping import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION
 from batchpilot.spec import batchedmodel as bm
+from batchpilot.spec.contracts import ISVC_GROUP, ISVC_PLURAL, ISVC_VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 10.0
@@ -72,10 +72,18 @@ class Kube:
 
     def patch_batched_model_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         # A merge patch without a resourceVersion is idempotent: a conflict is retried as it is.
-        retry_conflicts(lambda: self._api.patch_namespaced_custom_object_status(
-            bm.API_GROUP, bm.API_VERSION, namespace, bm.PLURAL, name, {"status": status},
-            _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S,
-        ))
+        retry_conflicts(
+            lambda: self._api.patch_namespaced_custom_object_status(
+                bm.API_GROUP,
+                bm.API_VERSION,
+                namespace,
+                bm.PLURAL,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        )
 
     # --- InferenceServices
 
@@ -84,14 +92,20 @@ class Kube:
 
     def create_inference_service(self, body: dict[str, Any]) -> dict[str, Any]:
         namespace = body["metadata"]["namespace"]
-        return self._api.create_namespaced_custom_object(  # type: ignore[no-any-return]
+        return self._api.create_namespaced_custom_object(  # type: ignore[return-value]
             ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, body, _request_timeout=REQUEST_TIMEOUT_S
         )
 
     def patch_inference_service(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self._api.patch_namespaced_custom_object(  # type: ignore[no-any-return]
-            ISVC_GROUP, ISVC_VERSION, namespace, ISVC_PLURAL, name, patch,
-            _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S,
+        return self._api.patch_namespaced_custom_object(  # type: ignore[return-value]
+            ISVC_GROUP,
+            ISVC_VERSION,
+            namespace,
+            ISVC_PLURAL,
+            name,
+            patch,
+            _content_type=MERGE_PATCH,
+            _request_timeout=REQUEST_TIMEOUT_S,
         )
 
     def delete_inference_service(self, namespace: str, name: str) -> bool:
@@ -108,7 +122,7 @@ class Kube:
 
     def _get(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._api.get_namespaced_custom_object(  # type: ignore[no-any-return]
+            return self._api.get_namespaced_custom_object(  # type: ignore[return-value]
                 group, version, namespace, plural, name, _request_timeout=REQUEST_TIMEOUT_S
             )
         except ApiException as error:

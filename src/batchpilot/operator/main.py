@@ -12,8 +12,9 @@ from batchpilot.operator.kube import Kube, client_from_environment
 from batchpilot.operator.reconcile import Reconciler
 
 
-def build_registry(reconciler: Reconciler, *, refresh_interval_s: float = 30.0,
-                   retry_delay_s: float = 30.0) -> kopf.OperatorRegistry:
+def build_registry(
+    reconciler: Reconciler, *, refresh_interval_s: float = 30.0, retry_delay_s: float = 30.0
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     register(registry, reconciler, refresh_interval_s=refresh_interval_s, retry_delay_s=retry_delay_s)
     return registry
@@ -42,10 +43,12 @@ def run_operator(
     kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL)
     reconciler = Reconciler(Kube(client_from_environment()), emit=post_event)
     registry = build_registry(reconciler, refresh_interval_s=refresh_interval_s)
-    asyncio.run(kopf.operator(
-        registry=registry,
-        clusterwide=all_namespaces,
-        namespaces=[namespace] if namespace else [],
-        liveness_endpoint=liveness_endpoint,
-        standalone=standalone,
-    ))
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            clusterwide=all_namespaces,
+            namespaces=[namespace] if namespace else [],
+            liveness_endpoint=liveness_endpoint,
+            standalone=standalone,
+        )
+    )

@@ -14,18 +14,13 @@ from typing import Any
 
 from batchpilot.spec import batchedmodel as bm
 from batchpilot.spec.batchedmodel import BatchedModelSpec
-
-ISVC_GROUP = "serving.kserve.io"
-ISVC_VERSION = "v1beta1"
-ISVC_PLURAL = "inferenceservices"
-ISVC_API_VERSION = f"{ISVC_GROUP}/{ISVC_VERSION}"
+from batchpilot.spec.contracts import ISVC_API_VERSION, SPECS_ENV
 
 OWNER_LABEL = f"{bm.API_GROUP}/batchedmodel"
 MANAGED_BY_LABELS = {"app.kubernetes.io/managed-by": "batchpilot-operator", "app.kubernetes.io/part-of": "batchpilot"}
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 MODEL_FORMAT = "batchpilot"
 MODEL_ROOT = "/mnt/models"  # the runtime's --model-repository; each model is a subfolder
-SPECS_ENV = "BATCHPILOT_MODEL_SPECS"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 #: KServe 0.21 calls the modes Standard and Knative and still reads the old names; writing the current
@@ -39,8 +34,12 @@ _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{bm.API_GROUP}/{bm.API_VERSION}", "kind": bm.KIND, "name": name, "uid": uid,
-        "controller": True, "blockOwnerDeletion": True,
+        "apiVersion": f"{bm.API_GROUP}/{bm.API_VERSION}",
+        "kind": bm.KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
 
 
@@ -77,9 +76,7 @@ def inference_service(name: str, namespace: str, uid: str, spec: BatchedModelSpe
                 "minReplicas": spec.replicas.min,
                 "maxReplicas": spec.replicas.max,
                 # One download per model, each into its own subfolder of the runtime's model repository.
-                "storageUris": [
-                    {"uri": m.storage_uri, "mountPath": f"{MODEL_ROOT}/{m.name}"} for m in spec.models
-                ],
+                "storageUris": [{"uri": m.storage_uri, "mountPath": f"{MODEL_ROOT}/{m.name}"} for m in spec.models],
                 "model": {
                     "modelFormat": {"name": MODEL_FORMAT},
                     "runtime": spec.runtime,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from batchpilot.operator.mapping import ISVC_GROUP, ISVC_PLURAL
 from batchpilot.spec import batchedmodel as bm
+from batchpilot.spec.contracts import ISVC_GROUP, ISVC_PLURAL
 
 
 class PolicyRule(TypedDict):
@@ -22,8 +22,11 @@ OPERATOR_RULES: list[PolicyRule] = [
     {"apiGroups": [bm.API_GROUP], "resources": [bm.PLURAL], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [bm.API_GROUP], "resources": [f"{bm.PLURAL}/status"], "verbs": ["patch"]},
     # The children.
-    {"apiGroups": [ISVC_GROUP], "resources": [ISVC_PLURAL],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {
+        "apiGroups": [ISVC_GROUP],
+        "resources": [ISVC_PLURAL],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
     # Events about BatchedModels (kopf.event).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # kopf watches CRDs so that the InferenceService handlers start once KServe is installed

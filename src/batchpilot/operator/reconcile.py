@@ -6,7 +6,6 @@ kopf wiring is in handlers.py; API calls go through kube.Kube; events through an
 
 from __future__ import annotations
 
-import json
 import logging
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -20,21 +19,22 @@ from batchpilot.operator import status as st
 from batchpilot.operator.kube import Kube, retry_conflicts
 from batchpilot.operator.mapping import OWNER_LABEL, inference_service, unsupported
 from batchpilot.spec.batchedmodel import BatchedModelSpec
+from batchpilot.spec.contracts import ISVC_API_VERSION, ISVC_PLURAL, BatchingState
 
 logger = logging.getLogger("batchpilot.operator")
 
 #: (object, "Normal" | "Warning", reason, message) -> posts a Kubernetes event about `object`.
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
-#: (runtime base URL, model name) -> the JSON of GET {url}/v2/models/{model}/batching.
-FetchBatching = Callable[[str, str], dict[str, Any]]
+#: (runtime base URL, model name) -> GET {url}/v2/models/{model}/batching (parsed, or its JSON).
+FetchBatching = Callable[[str, str], BatchingState | dict[str, Any]]
 
 OWNED_METADATA = ("labels", "annotations", "ownerReferences")
 
 
-def fetch_batching(base_url: str, model: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The runtime's view of one model's batching (docs/design.md has the JSON shape)."""
+def fetch_batching(base_url: str, model: str, timeout_s: float = 5.0) -> BatchingState:
+    """The runtime's view of one model's batching (spec.contracts.BatchingState; docs/design.md)."""
     with urllib.request.urlopen(f"{base_url.rstrip('/')}/v2/models/{model}/batching", timeout=timeout_s) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
+        return BatchingState.model_validate_json(resp.read())
 
 
 def drift_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def _readable(error: ValidationError, limit: int = 10) -> str:
 def _applied_generation(body: Mapping[str, Any]) -> int | None:
     """The generation the status says was applied (Reconciled True), else None."""
     conds = (body.get("status") or {}).get("conditions", [])
-    done = next((c for c in conds if c.get("type") == "Reconciled" and c.get("status") == "True"), {})
+    done: dict[str, Any] = next((c for c in conds if c.get("type") == "Reconciled" and c.get("status") == "True"), {})
     return done.get("observedGeneration")
 
 
@@ -110,8 +110,9 @@ class Reconciler:
             return spec, st.Problem("Unsupported", "; ".join(problems))
         if not self.kube.kserve_installed():
             return spec, st.Problem(
-                "KServeMissing", "KServe is not installed: the API server does not serve "
-                "serving.kserve.io/v1beta1 inferenceservices; install KServe, the operator retries"
+                "KServeMissing",
+                "KServe is not installed: the API server does not serve "
+                f"{ISVC_API_VERSION} {ISVC_PLURAL}; install KServe, the operator retries",
             )
         return spec, None
 
@@ -133,18 +134,28 @@ class Reconciler:
         patched = self.kube.patch_inference_service(ns, name, patch)
         generation = body["metadata"].get("generation")
         if _applied_generation(body) == generation:
-            self.emit(body, "Warning", "DriftReverted",
-                      f"InferenceService {name} was changed by hand; restored {sorted(_paths(patch))}")
+            self.emit(
+                body,
+                "Warning",
+                "DriftReverted",
+                f"InferenceService {name} was changed by hand; restored {sorted(_paths(patch))}",
+            )
         else:
             self.emit(body, "Normal", "Updated", f"InferenceService {name} updated to generation {generation}")
         return patched
 
-    def _write_status(self, body: Mapping[str, Any], spec: BatchedModelSpec | None, problem: st.Problem | None,
-                      isvc: dict[str, Any] | None) -> None:
+    def _write_status(
+        self,
+        body: Mapping[str, Any],
+        spec: BatchedModelSpec | None,
+        problem: st.Problem | None,
+        isvc: dict[str, Any] | None,
+    ) -> None:
         meta = body["metadata"]
         old = dict(body.get("status") or {})
-        conds = st.conditions(generation=meta.get("generation"), problem=problem, isvc=isvc,
-                              previous=old.get("conditions", []))
+        conds = st.conditions(
+            generation=meta.get("generation"), problem=problem, isvc=isvc, previous=old.get("conditions", [])
+        )
         url, _ = st.isvc_urls(isvc)
         new = {
             "observedGeneration": meta.get("generation"),
@@ -167,7 +178,11 @@ class Reconciler:
             if cond["type"] == "Ready" and flipped and (cond["status"] == "True" or prev.get("status") == "True"):
                 kind = "Normal" if cond["status"] == "True" else "Warning"
                 self.emit(body, kind, "Ready" if cond["status"] == "True" else "NotReady", cond["message"])
-            if cond["type"] == "Degraded" and cond["status"] == "True" and (flipped or prev.get("reason") != cond["reason"]):
+            if (
+                cond["type"] == "Degraded"
+                and cond["status"] == "True"
+                and (flipped or prev.get("reason") != cond["reason"])
+            ):
                 self.emit(body, "Warning", cond["reason"], cond["message"])
 
     # ------------------------------------------------------------------ children

@@ -176,7 +176,8 @@ class Autotuner:
         fit = self._fit()
         return {
             "slo_feasible": self._feasible,
-            "latency_model": None if fit is None
+            "latency_model": None
+            if fit is None
             else {"a_ms_per_item": round(fit.a_s * 1e3, 4), "b_ms": round(fit.b_s * 1e3, 4)},
             "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 3) if lat else None,
             "throughput_rps": round(len(lat) / span, 2),
@@ -223,7 +224,9 @@ class Autotuner:
             return replace(p, max_queue_delay_s=self._lo_d)
         queued_s = m.mean_wait_s
         short_of_capacity = (
-            m.utilization >= 0.9 or m.arrival_rate > 1.05 * m.items_per_s or queued_s > 2 * (m.mean_s - queued_s)
+            m.utilization >= 0.9
+            or m.arrival_rate > 1.05 * m.items_per_s
+            or queued_s > 2 * (m.mean_s - queued_s)
             # Batches leave full from a busy executor: the size limit binds, and halving it would only
             # lengthen the queue. (The executor may never look 90% busy when it shares its core with
             # the HTTP stack, as on a 1-core server: 80-88% measured live.)

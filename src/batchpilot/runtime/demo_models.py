@@ -36,7 +36,11 @@ class ImageClassifier(nn.Module):
         # A VGG-style dense head over the flattened 4x4 map: its weights (~19 MB) are read once per
         # call, so single images are memory-bound on them.
         self.head = nn.Sequential(
-            nn.Flatten(), nn.Linear(256 * 4 * 4, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(256 * 4 * 4, 1024),
+            nn.ReLU(),
+            nn.Linear(1024, 512),
+            nn.ReLU(),
             nn.Linear(512, NUM_CLASSES),
         )
 
@@ -91,29 +95,43 @@ class TextClassifier(nn.Module):
 
 
 def image_spec(name: str = "resnet-mini") -> ModelSpec:
-    return ModelSpec.model_validate({
-        "name": name, "type": "cv", "format": "torchscript",
-        "inputs": [{"name": "image", "datatype": "FP32", "shape": [3, IMAGE_SIZE, IMAGE_SIZE]}],
-        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [NUM_CLASSES]}],
-        "batching": {"max_batch_size": 16, "max_queue_delay_microseconds": 2000},
-        "autotune": {"enabled": True, "latency_slo_p99_ms": 50,
-                     "bounds": {"min_batch_size": 1, "max_batch_size": 64, "max_queue_delay_microseconds": 10000}},
-    })
+    return ModelSpec.model_validate(
+        {
+            "name": name,
+            "type": "cv",
+            "format": "torchscript",
+            "inputs": [{"name": "image", "datatype": "FP32", "shape": [3, IMAGE_SIZE, IMAGE_SIZE]}],
+            "outputs": [{"name": "logits", "datatype": "FP32", "shape": [NUM_CLASSES]}],
+            "batching": {"max_batch_size": 16, "max_queue_delay_microseconds": 2000},
+            "autotune": {
+                "enabled": True,
+                "latency_slo_p99_ms": 50,
+                "bounds": {"min_batch_size": 1, "max_batch_size": 64, "max_queue_delay_microseconds": 10000},
+            },
+        }
+    )
 
 
 def text_spec(name: str = "textcls") -> ModelSpec:
-    return ModelSpec.model_validate({
-        "name": name, "type": "nlp", "format": "torchscript",
-        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1]}],
-        "outputs": [
-            {"name": "logits", "datatype": "FP32", "shape": [TEXT_CLASSES]},
-            {"name": "token_scores", "datatype": "FP32", "shape": [-1]},
-        ],
-        "batching": {"max_batch_size": 16, "max_queue_delay_microseconds": 2000},
-        "autotune": {"enabled": True, "latency_slo_p99_ms": 50,
-                     "bounds": {"min_batch_size": 1, "max_batch_size": 64, "max_queue_delay_microseconds": 10000}},
-        "sequence": {"max_length": MAX_LENGTH, "pad_value": 0, "max_padding_waste": 0.25},
-    })
+    return ModelSpec.model_validate(
+        {
+            "name": name,
+            "type": "nlp",
+            "format": "torchscript",
+            "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1]}],
+            "outputs": [
+                {"name": "logits", "datatype": "FP32", "shape": [TEXT_CLASSES]},
+                {"name": "token_scores", "datatype": "FP32", "shape": [-1]},
+            ],
+            "batching": {"max_batch_size": 16, "max_queue_delay_microseconds": 2000},
+            "autotune": {
+                "enabled": True,
+                "latency_slo_p99_ms": 50,
+                "bounds": {"min_batch_size": 1, "max_batch_size": 64, "max_queue_delay_microseconds": 10000},
+            },
+            "sequence": {"max_length": MAX_LENGTH, "pad_value": 0, "max_padding_waste": 0.25},
+        }
+    )
 
 
 def build_demo_modules(seed: int = 0) -> dict[str, tuple[ModelSpec, nn.Module]]:

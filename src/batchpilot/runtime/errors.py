@@ -60,3 +60,9 @@ class DeadlineExceeded(RequestError):
 class InternalError(RequestError):
     status = 500
     grpc_code = grpc.StatusCode.INTERNAL
+
+
+class ModelNotLoaded(RequestError):
+    """The model's configuration is invalid: nothing to describe or run (gRPC answers UNAVAILABLE)."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE

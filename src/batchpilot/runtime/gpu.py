@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .metrics import RuntimeMetrics
+from batchpilot.runtime.metrics import RuntimeMetrics
 
 log = logging.getLogger("batchpilot.gpu")
 
 
 async def export_gpu_metrics(metrics: RuntimeMetrics, interval_s: float = 5.0) -> None:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # no NVML: nothing to export

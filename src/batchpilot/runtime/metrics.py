@@ -8,8 +8,26 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
-    0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 _SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 
@@ -25,43 +43,52 @@ class RuntimeMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         m = ("model",)
         self.requests = Counter(
-            "batchpilot_requests", "Inference requests by outcome.", m + ("outcome",), registry=registry
+            "batchpilot_requests", "Inference requests by outcome.", (*m, "outcome"), registry=registry
         )
         self.queue_wait = Histogram(
-            "batchpilot_queue_wait_seconds", "Time a request waited in the batch queue.", m,
-            buckets=_LATENCY_BUCKETS, registry=registry,
+            "batchpilot_queue_wait_seconds",
+            "Time a request waited in the batch queue.",
+            m,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.compute = Histogram(
-            "batchpilot_compute_seconds", "Model execution time of one batch.", m,
-            buckets=_LATENCY_BUCKETS, registry=registry,
+            "batchpilot_compute_seconds",
+            "Model execution time of one batch.",
+            m,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.latency = Histogram(
-            "batchpilot_request_latency_seconds", "End-to-end latency of a request inside the server.", m,
-            buckets=_LATENCY_BUCKETS, registry=registry,
+            "batchpilot_request_latency_seconds",
+            "End-to-end latency of a request inside the server.",
+            m,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.batch_size = Histogram(
             "batchpilot_batch_size", "Items per executed batch.", m, buckets=_SIZE_BUCKETS, registry=registry
         )
         self.release = Counter(
-            "batchpilot_batch_release", "Batches released, by reason.", m + ("reason",), registry=registry
+            "batchpilot_batch_release", "Batches released, by reason.", (*m, "reason"), registry=registry
         )
-        self.queue_depth = Gauge(
-            "batchpilot_queue_depth", "Requests waiting in the batch queue.", m, registry=registry
-        )
+        self.queue_depth = Gauge("batchpilot_queue_depth", "Requests waiting in the batch queue.", m, registry=registry)
         self.tokens_useful = Counter(
             "batchpilot_tokens_useful", "Real tokens computed (NLP models).", m, registry=registry
         )
         self.tokens_computed = Counter(
-            "batchpilot_tokens_computed", "Token slots computed, padding included (NLP models).", m,
+            "batchpilot_tokens_computed",
+            "Token slots computed, padding included (NLP models).",
+            m,
             registry=registry,
         )
         self.padding_efficiency = Gauge(
-            "batchpilot_padding_efficiency", "Useful tokens / computed tokens of the last batch (NLP).", m,
+            "batchpilot_padding_efficiency",
+            "Useful tokens / computed tokens of the last batch (NLP).",
+            m,
             registry=registry,
         )
-        self.max_batch_size = Gauge(
-            "batchpilot_max_batch_size", "Max batch size in force.", m, registry=registry
-        )
+        self.max_batch_size = Gauge("batchpilot_max_batch_size", "Max batch size in force.", m, registry=registry)
         self.max_queue_delay = Gauge(
             "batchpilot_max_queue_delay_seconds", "Max queue delay in force.", m, registry=registry
         )
@@ -72,14 +99,18 @@ class RuntimeMetrics:
             "batchpilot_autotune_changes", "Parameter changes made by the autotuner.", m, registry=registry
         )
         self.slo_feasible = Gauge(
-            "batchpilot_autotune_slo_feasible", "1 while the autotuner can meet the SLO, else 0.", m,
+            "batchpilot_autotune_slo_feasible",
+            "1 while the autotuner can meet the SLO, else 0.",
+            m,
             registry=registry,
         )
         self.model_ready = Gauge(
             "batchpilot_model_ready", "1 when the model is loaded and serving.", m, registry=registry
         )
         self.gpu_utilization = Gauge(
-            "batchpilot_gpu_utilization_ratio", "GPU utilization from NVML (0..1).", ("gpu",),
+            "batchpilot_gpu_utilization_ratio",
+            "GPU utilization from NVML (0..1).",
+            ("gpu",),
             registry=registry,
         )
         self.gpu_memory_used = Gauge(

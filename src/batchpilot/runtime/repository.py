@@ -9,19 +9,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from batchpilot.runtime.kinds import kind_for
+from batchpilot.spec.contracts import SPECS_ENV, WEIGHT_FILES
 from batchpilot.spec.model import ModelSpec
 
 log = logging.getLogger("batchpilot.repository")
-SPECS_ENV = "BATCHPILOT_MODEL_SPECS"
-WEIGHT_FILES = {"torchscript": "model.pt", "torch_export": "model.pt2"}
 
 
 class ModelLoadError(Exception):
@@ -74,18 +74,8 @@ def load_module(spec: ModelSpec, folder: Path, device: torch.device) -> Callable
 
 
 def example_inputs(spec: ModelSpec, batch: int, device: torch.device) -> list[torch.Tensor]:
-    """Inputs of the right shape and type, for warm-up and self-checks."""
-    if spec.type == "nlp":
-        ids = torch.ones((batch, 16), dtype=torch.int64, device=device)
-        return [ids, torch.ones_like(ids)]
-    from .tensors import NUMPY_DTYPES
-
-    tensors = []
-    for t in spec.inputs:
-        shape = [batch, *(8 if d == -1 else d for d in t.shape)]
-        dtype = torch.from_numpy(NUMPY_DTYPES[t.datatype].type(0).reshape(1)).dtype
-        tensors.append(torch.zeros(shape, dtype=dtype, device=device))
-    return tensors
+    """Inputs of the right shape and type (the model kind's), for warm-up and self-checks."""
+    return [torch.from_numpy(a).to(device) for a in kind_for(spec).example_inputs(batch)]
 
 
 def warm_up(spec: ModelSpec, module: Callable[..., object], device: torch.device, sizes: tuple[int, ...]) -> None:
@@ -99,7 +89,9 @@ def warm_up(spec: ModelSpec, module: Callable[..., object], device: torch.device
         raise ModelLoadError(f"model {spec.name!r} failed its warm-up call: {exc}") from None
 
 
-def load_repository(root: Path, device: torch.device, overrides: dict[str, ModelSpec] | None = None) -> list[ModelEntry]:
+def load_repository(
+    root: Path, device: torch.device, overrides: dict[str, ModelSpec] | None = None
+) -> list[ModelEntry]:
     overrides = overrides or {}
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a directory")

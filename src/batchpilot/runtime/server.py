@@ -20,17 +20,15 @@ import kserve
 import torch
 from kserve.protocol.rest.server import RESTServer
 
-from batchpilot import __version__
-
-from .batching.batcher import Batcher
-from .batching.executor import Executor
-from .gpu import export_gpu_metrics
-from .hub import HostedModel, ModelHub
-from .metrics import RuntimeMetrics
-from .protocol.grpc_frontend import BatchPilotServicer, add_servicer
-from .protocol.rest import RestFrontend
-from .protocol.triton_grpc import triton_extension_handler
-from .repository import ModelEntry, load_repository, specs_from_env
+from batchpilot.runtime.batching.batcher import Batcher
+from batchpilot.runtime.batching.executor import Executor
+from batchpilot.runtime.gpu import export_gpu_metrics
+from batchpilot.runtime.hub import HostedModel, ModelHub
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.protocol.grpc_frontend import BatchPilotServicer, add_servicer
+from batchpilot.runtime.protocol.rest import RestFrontend
+from batchpilot.runtime.protocol.triton_grpc import triton_extension_handler
+from batchpilot.runtime.repository import ModelEntry, load_repository, specs_from_env
 
 log = logging.getLogger("batchpilot.server")
 GRPC_MAX_MESSAGE = 64 * 1024 * 1024
@@ -60,7 +58,7 @@ class KServeModel(kserve.Model):
         self.hosted = hosted
         super().__init__(hosted.name)
 
-    @property  # type: ignore[override]
+    @property
     def ready(self) -> bool:
         """Always the hub's live answer (KServe's own /v1 readiness routes read this)."""
         return self.hosted.ready
@@ -73,13 +71,17 @@ class KServeModel(kserve.Model):
         return self.ready
 
 
-def build_hub(entries: list[ModelEntry], device: torch.device, metrics: RuntimeMetrics, options: ServerOptions) -> ModelHub:
+def build_hub(
+    entries: list[ModelEntry], device: torch.device, metrics: RuntimeMetrics, options: ServerOptions
+) -> ModelHub:
     hub = ModelHub(metrics)
     for entry in entries:
         batcher = None
         if entry.module is not None and entry.spec is not None:
             executor = Executor(entry.spec, entry.module, device)
-            batcher = Batcher(entry.spec, executor, metrics, batching=options.batching, hang_timeout_s=options.hang_timeout_s)
+            batcher = Batcher(
+                entry.spec, executor, metrics, batching=options.batching, hang_timeout_s=options.hang_timeout_s
+            )
         hub.add(HostedModel(entry.name, entry.spec, batcher, entry.error))
     return hub
 
@@ -87,8 +89,12 @@ def build_hub(entries: list[ModelEntry], device: torch.device, metrics: RuntimeM
 class BatchPilotServer(kserve.ModelServer):
     def __init__(self, options: ServerOptions, metrics: RuntimeMetrics | None = None) -> None:
         super().__init__(
-            http_port=options.http_port, grpc_port=options.grpc_port, workers=1, enable_grpc=False,
-            grace_period=options.grace_period_s, enable_latency_logging=False,
+            http_port=options.http_port,
+            grpc_port=options.grpc_port,
+            workers=1,
+            enable_grpc=False,
+            grace_period=options.grace_period_s,
+            enable_latency_logging=False,
         )
         self.options = options
         self.metrics = metrics or RuntimeMetrics()
@@ -106,15 +112,16 @@ class BatchPilotServer(kserve.ModelServer):
     # -- servers ------------------------------------------------------------------------------------
     def _make_rest(self) -> RESTServer:
         rest = RESTServer(
-            "kserve.model_server:app", self.dataplane, self.model_repository_extension, self.options.http_port,
+            "kserve.model_server:app",
+            self.dataplane,
+            self.model_repository_extension,
+            self.options.http_port,
             grace_period=self.options.grace_period_s,
         )
         rest.create_application()
         from kserve.model_server import app as kserve_app
 
-        rest.config.app = RestFrontend(
-            self.hub, kserve_app, max_body_bytes=self.options.max_body_bytes, version=__version__
-        )
+        rest.config.app = RestFrontend(self.hub, kserve_app, max_body_bytes=self.options.max_body_bytes)
         rest.config.host = self.options.host
         logging.getLogger("uvicorn.access").disabled = True  # a log line per request costs ~20%
         rest.config.proxy_headers = False
@@ -124,10 +131,12 @@ class BatchPilotServer(kserve.ModelServer):
         return rest
 
     async def _start_grpc(self) -> grpc.aio.Server:
-        server = grpc.aio.server(options=[
-            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
-        ])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+            ]
+        )
         servicer = BatchPilotServicer(self.hub, self.dataplane, self.model_repository_extension)
         add_servicer(servicer, server)
         server.add_generic_rpc_handlers((triton_extension_handler(self.hub.triton_config, self.hub.triton_stats),))
@@ -143,12 +152,14 @@ class BatchPilotServer(kserve.ModelServer):
         self._grpc = await self._start_grpc()
         self._rest = self._make_rest()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda s=sig: loop.create_task(self.shutdown(s)))
+            loop.add_signal_handler(sig, self._on_signal, loop, sig)
         side_tasks = []
         if self.device.type == "cuda":
             side_tasks.append(loop.create_task(export_gpu_metrics(self.metrics)))
         ready = [n for n, m in self.hub.models.items() if m.ready]
-        log.info("serving %s on http :%d, grpc :%d (%s)", ready, self.options.http_port, self.options.grpc_port, self.device)
+        log.info(
+            "serving %s on http :%d, grpc :%d (%s)", ready, self.options.http_port, self.options.grpc_port, self.device
+        )
         try:
             await self._rest.start()
         finally:
@@ -156,6 +167,9 @@ class BatchPilotServer(kserve.ModelServer):
                 task.cancel()
             if self._grpc is not None:
                 await self._grpc.stop(grace=5)
+
+    def _on_signal(self, loop: asyncio.AbstractEventLoop, sig: signal.Signals) -> None:
+        loop.create_task(self.shutdown(sig))
 
     async def shutdown(self, sig: int | None = None) -> None:
         """Refuse new work, answer everything accepted, then stop both servers."""

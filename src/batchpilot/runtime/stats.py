@@ -15,7 +15,14 @@ import threading
 import time
 
 _INFERENCE_KEYS = (
-    "success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss",
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
 )
 _COMPUTE_KEYS = ("compute_input", "compute_infer", "compute_output")
 

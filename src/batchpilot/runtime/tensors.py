@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from batchpilot.runtime.errors import InvalidRequest, PayloadTooLarge
 from batchpilot.spec.model import ModelSpec, TensorSpec
-
-from .errors import InvalidRequest, PayloadTooLarge
 
 NUMPY_DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8), "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
 }
 DATATYPE_OF = {dtype: name for name, dtype in NUMPY_DTYPES.items()}
 
@@ -34,12 +40,18 @@ class RawInput:
     shape: tuple[int, ...]
 
 
+#: An input as decoded from the wire: its description and raw bytes, a JSON list, or the flat numeric
+#: array the JSON reader made of that list.
+Decoded = tuple[RawInput, "bytes | memoryview | list[Any] | np.ndarray"]
+
+
 def element_count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
 def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
-    """Validate one input's name, datatype and shape against the model; return its spec."""
+    """Validate one input's name, datatype and shape against the model; return its spec. (What a model kind
+    adds, such as a sequence length limit, is checked by the kind: see runtime/kinds.)"""
     tensor = next((t for t in spec.inputs if t.name == raw.name), None)
     if tensor is None:
         known = ", ".join(t.name for t in spec.inputs)
@@ -57,22 +69,14 @@ def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
     if shape[0] < 1:
         raise InvalidRequest(f"input {raw.name!r}: the batch dimension must be at least 1")
     if shape[0] > max_items:
-        raise InvalidRequest(
-            f"input {raw.name!r}: batch of {shape[0]} items exceeds max_batch_size {max_items}"
-        )
-    for got, want in zip(shape[1:], tensor.shape):
-        if want != -1 and got != want:
-            raise InvalidRequest(
-                f"input {raw.name!r}: shape {list(shape)} does not match {[-1, *tensor.shape]}"
-            )
+        raise InvalidRequest(f"input {raw.name!r}: batch of {shape[0]} items exceeds max_batch_size {max_items}")
+    for got, declared in zip(shape[1:], tensor.shape, strict=True):
+        if declared != -1 and got != declared:
+            raise InvalidRequest(f"input {raw.name!r}: shape {list(shape)} does not match {[-1, *tensor.shape]}")
         if got == 0:
             raise InvalidRequest(f"input {raw.name!r}: empty dimension in shape {list(shape)}")
     if element_count(shape) > MAX_ELEMENTS:
         raise PayloadTooLarge(f"input {raw.name!r}: {element_count(shape)} elements exceed the limit of {MAX_ELEMENTS}")
-    if spec.type == "nlp" and shape[1] > spec.sequence.max_length:
-        raise InvalidRequest(
-            f"input {raw.name!r}: sequence length {shape[1]} exceeds max_length {spec.sequence.max_length}"
-        )
     return tensor
 
 
@@ -127,9 +131,7 @@ def array_from_list(raw: RawInput, data: object) -> np.ndarray:
     except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise InvalidRequest(f"input {raw.name!r}: data does not fit {raw.datatype}: {exc}") from None
     if array.size != count:
-        raise InvalidRequest(
-            f"input {raw.name!r}: {array.size} values sent, shape {list(raw.shape)} needs {count}"
-        )
+        raise InvalidRequest(f"input {raw.name!r}: {array.size} values sent, shape {list(raw.shape)} needs {count}")
     return array.reshape(raw.shape)
 
 

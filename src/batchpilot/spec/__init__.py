@@ -1,4 +1,5 @@
-"""Spec types: the one source of truth for model config files and the BatchedModel CRD."""
+"""Spec types: the one source of truth for model config files and the BatchedModel CRD, and the contracts between
+the runtime and the operator (spec.contracts)."""
 
 from batchpilot.spec.batchedmodel import (
     BatchedModelEntry,
@@ -9,6 +10,7 @@ from batchpilot.spec.batchedmodel import (
     ReplicaRange,
     RuntimeResources,
 )
+from batchpilot.spec.contracts import SPECS_ENV, WEIGHT_FILES, AutotuneState, BatchingState, RecentState
 from batchpilot.spec.model import (
     AutotuneBounds,
     AutotuneSpec,
@@ -21,7 +23,24 @@ from batchpilot.spec.model import (
 )
 
 __all__ = [
-    "AutotuneBounds", "AutotuneSpec", "BatchedModelEntry", "BatchedModelSpec", "BatchedModelStatus",
-    "BatchingSpec", "Condition", "ModelBatchingStatus", "ModelSpec", "QueuePolicy", "ReplicaRange",
-    "RuntimeResources", "SequenceSpec", "SpecModel", "TensorSpec",
+    "SPECS_ENV",
+    "WEIGHT_FILES",
+    "AutotuneBounds",
+    "AutotuneSpec",
+    "AutotuneState",
+    "BatchedModelEntry",
+    "BatchedModelSpec",
+    "BatchedModelStatus",
+    "BatchingSpec",
+    "BatchingState",
+    "Condition",
+    "ModelBatchingStatus",
+    "ModelSpec",
+    "QueuePolicy",
+    "RecentState",
+    "ReplicaRange",
+    "RuntimeResources",
+    "SequenceSpec",
+    "SpecModel",
+    "TensorSpec",
 ]

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
-from batchpilot.spec.model import SpecModel, ModelSpec
+from batchpilot.spec.model import ModelSpec, SpecModel
 
 API_GROUP = "batchpilot.io"
 API_VERSION = "v1alpha1"
@@ -39,8 +39,11 @@ Quantity = Annotated[
     BeforeValidator(_quantity_to_str),
     Field(pattern=QUANTITY_PATTERN, max_length=64),
     WithJsonSchema(
-        {"anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN,
-         "x-kubernetes-int-or-string": True}
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
     ),
 ]
 
@@ -51,7 +54,9 @@ class BatchedModelEntry(ModelSpec):
     """One model of a BatchedModel: its ModelSpec plus where its files are."""
 
     storage_uri: str = Field(
-        min_length=1, max_length=2048, pattern=r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$",
+        min_length=1,
+        max_length=2048,
+        pattern=r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$",
         description="Folder holding model.pt or model.pt2 (any scheme KServe's storage initializer takes: "
         "s3://, gs://, pvc://, hf://, https://, ...). Mounted at /mnt/models/<name>.",
     )
@@ -89,7 +94,10 @@ class BatchedModelSpec(SpecModel):
         description="KServe deployment mode: Standard (alias RawDeployment) or Knative (alias Serverless).",
     )
     runtime: str = Field(
-        default="batchpilot", min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN,
+        default="batchpilot",
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
         description="ServingRuntime or ClusterServingRuntime to run the models with.",
     )
 

@@ -15,8 +15,18 @@ from pydantic.alias_generators import to_camel
 
 #: Open Inference Protocol v2 datatypes the runtime can batch (BYTES/strings are not tensors).
 Datatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64",
-    "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
 ]
 TOKEN_DATATYPES = ("INT32", "INT64")
 
@@ -27,9 +37,7 @@ TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$"
 class SpecModel(BaseModel):
     """Base for every spec type: camelCase aliases, unknown keys rejected, validated on assignment."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_assignment=True)
 
 
 class TensorSpec(SpecModel):
@@ -63,7 +71,8 @@ class QueuePolicy(SpecModel):
         default=True, description="Whether a request's `timeout` parameter may lower the default."
     )
     max_queue_size: int = Field(
-        default=1024, ge=0,
+        default=1024,
+        ge=0,
         description="Requests allowed to wait; more are refused at once (HTTP 503 + Retry-After). 0 = unbounded.",
     )
 
@@ -72,15 +81,20 @@ class BatchingSpec(SpecModel):
     """Static batching parameters (the autotuner, when on, moves size and delay within its bounds)."""
 
     max_batch_size: int = Field(
-        default=16, ge=1, le=4096,
+        default=16,
+        ge=1,
+        le=4096,
         description="Most items (along dim 0, not requests) in one model call; also the largest request accepted.",
     )
     max_queue_delay_microseconds: int = Field(
-        default=2000, ge=0, le=10_000_000,
+        default=2000,
+        ge=0,
+        le=10_000_000,
         description="How long a batch may wait for company, counted from its first request.",
     )
     preferred_batch_size: list[int] = Field(
-        default_factory=list, max_length=32,
+        default_factory=list,
+        max_length=32,
         description="Batch sizes to release at once when reached (e.g. sizes a compiled model is fast at).",
     )
     priority_levels: int = Field(
@@ -117,7 +131,9 @@ class AutotuneBounds(SpecModel):
         if self.min_batch_size > self.max_batch_size:
             raise ValueError("autotune bounds: min_batch_size must not exceed max_batch_size")
         if self.min_queue_delay_microseconds > self.max_queue_delay_microseconds:
-            raise ValueError("autotune bounds: min_queue_delay_microseconds must not exceed max_queue_delay_microseconds")
+            raise ValueError(
+                "autotune bounds: min_queue_delay_microseconds must not exceed max_queue_delay_microseconds"
+            )
         return self
 
 
@@ -137,7 +153,9 @@ class SequenceSpec(SpecModel):
     max_length: int = Field(default=512, ge=1, le=1_000_000, description="Longest sequence accepted.")
     pad_value: int = Field(default=0, description="Token id used for padding.")
     max_padding_waste: float = Field(
-        default=0.25, ge=0.0, lt=1.0,
+        default=0.25,
+        ge=0.0,
+        lt=1.0,
         description="Largest share of padded (wasted) token slots a batch may have when grouping by length.",
     )
 
@@ -169,9 +187,7 @@ class ModelSpec(SpecModel):
         if self.type == "nlp":
             tokens = self.inputs[0]
             if len(self.inputs) != 1 or tokens.datatype not in TOKEN_DATATYPES or tokens.shape != [-1]:
-                raise ValueError(
-                    "an nlp model takes exactly one input: token ids, datatype INT64 or INT32, shape [-1]"
-                )
+                raise ValueError("an nlp model takes exactly one input: token ids, datatype INT64 or INT32, shape [-1]")
         return self
 
     @property

@@ -1,24 +1,23 @@
 """Runs batches through the model, off the event loop, and isolates the requests a model fails on.
 
-Collation differs by model type: CV batches concatenate same-shape tensors along dim 0; NLP batches
-pad token ids to the batch's longest sequence (never beyond it) with an attention mask, and per-token
-outputs are cut back to each request's own length.
+Collation and splitting belong to the model's kind (runtime/kinds): a CV batch concatenates same-shape
+tensors along dim 0; an NLP batch pads token ids to its longest sequence with an attention mask.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
 
+from batchpilot.runtime.batching.request import Outputs, Slice
+from batchpilot.runtime.errors import InternalError, ModelFailed, RequestError
+from batchpilot.runtime.kinds import kind_for
 from batchpilot.spec.model import ModelSpec
-
-from ..errors import InternalError, ModelFailed, RequestError
-from .request import Outputs, Slice
 
 log = logging.getLogger("batchpilot.executor")
 
@@ -62,9 +61,8 @@ class Executor:
         self.module = module
         self.device = device
         self.on_out_of_memory = on_out_of_memory
+        self.kind = kind_for(spec)
         self.output_names = [t.name for t in spec.outputs]
-        # Outputs whose first per-item dim is variable follow the sequence: un-pad them per request.
-        self.per_token = {t.name for t in spec.outputs if spec.type == "nlp" and t.shape[:1] == [-1]}
         self.pin = device.type == "cuda"
 
     # -- the public entry point, run in the executor thread ------------------------------------------
@@ -74,9 +72,7 @@ class Executor:
         self._run_isolated(slices, list(range(len(slices))), results, timings)
         return results, timings
 
-    def _run_isolated(
-        self, slices: list[Slice], index: list[int], results: list, timings: BatchTimings
-    ) -> None:
+    def _run_isolated(self, slices: list[Slice], index: list[int], results: list, timings: BatchTimings) -> None:
         part = [slices[i] for i in index]
         try:
             outputs = self._forward(part, timings)
@@ -95,7 +91,7 @@ class Executor:
             self._run_isolated(slices, index[:half], results, timings)
             self._run_isolated(slices, index[half:], results, timings)
             return
-        for i, out in zip(index, outputs):
+        for i, out in zip(index, outputs, strict=False):
             results[i] = out
 
     # -- one model call ---------------------------------------------------------------------------
@@ -122,26 +118,7 @@ class Executor:
         return tensor.to(self.device, non_blocking=True)
 
     def _collate(self, part: list[Slice], timings: BatchTimings) -> list[torch.Tensor]:
-        if self.spec.type == "nlp":
-            name = self.spec.inputs[0].name
-            rows = [s.arrays()[name] for s in part]
-            total = sum(r.shape[0] for r in rows)
-            longest = max(r.shape[1] for r in rows)
-            ids = np.full((total, longest), self.spec.sequence.pad_value, dtype=np.int64)
-            mask = np.zeros((total, longest), dtype=np.int64)
-            row = 0
-            for r in rows:
-                ids[row:row + r.shape[0], :r.shape[1]] = r
-                mask[row:row + r.shape[0], :r.shape[1]] = 1
-                row += r.shape[0]
-            timings.tokens_useful += sum(r.size for r in rows)
-            timings.tokens_computed += ids.size
-            return [self._to_device(ids), self._to_device(mask)]
-        arrays = [s.arrays() for s in part]
-        return [
-            self._to_device(arrays[0][t.name] if len(arrays) == 1 else np.concatenate([a[t.name] for a in arrays]))
-            for t in self.spec.inputs
-        ]
+        return [self._to_device(a) for a in self.kind.collate([s.arrays() for s in part], timings)]
 
     def _as_arrays(self, raw: object, batch: int) -> list[np.ndarray]:
         if isinstance(raw, torch.Tensor):
@@ -149,25 +126,15 @@ class Executor:
         elif isinstance(raw, dict):
             tensors = [raw[name] for name in self.output_names]
         else:
-            tensors = list(raw)  # tuple or list, in the order of the spec's outputs
+            tensors = list(raw)  # type: ignore[call-overload]  # tuple or list, in the order of the spec's outputs
         if len(tensors) != len(self.output_names):
             raise InternalError(f"model returned {len(tensors)} outputs, config declares {len(self.output_names)}")
         arrays = []
-        for name, t in zip(self.output_names, tensors):
+        for name, t in zip(self.output_names, tensors, strict=False):
             if t.dim() == 0 or t.shape[0] != batch:
                 raise RuntimeError(f"output {name!r} has shape {list(t.shape)}, expected batch {batch} first")
             arrays.append(t.detach().cpu().numpy())
         return arrays
 
     def _split(self, part: list[Slice], arrays: list[np.ndarray]) -> list[Outputs]:
-        results, row = [], 0
-        for s in part:
-            out = {}
-            for name, a in zip(self.output_names, arrays):
-                piece = a[row:row + s.size]
-                if name in self.per_token:
-                    piece = piece[:, :s.request.length]
-                out[name] = piece
-            results.append(out)
-            row += s.size
-        return results
+        return self.kind.split(part, self.output_names, arrays)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .queue import BatchQueue
-from .request import Pending, Slice
+from batchpilot.runtime.batching.queue import BatchQueue
+from batchpilot.runtime.batching.request import Pending, Slice
 
 
 class BatchPolicy(Protocol):

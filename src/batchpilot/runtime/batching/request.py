@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 import numpy as np
 
-from ..errors import RequestError
+from batchpilot.runtime.errors import RequestError
 
 Outputs = dict[str, np.ndarray]
 
@@ -73,4 +73,4 @@ class Slice:
     def arrays(self) -> dict[str, np.ndarray]:
         if self.start == 0 and self.stop == self.request.n:
             return self.request.inputs
-        return {name: a[self.start:self.stop] for name, a in self.request.inputs.items()}
+        return {name: a[self.start : self.stop] for name, a in self.request.inputs.items()}

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 
-from ..errors import InternalError, InvalidRequest, PayloadTooLarge, RequestError
-from ..tensors import select_outputs
-from ..hub import ModelHub
-from . import v1_codec, v2_codec
+from batchpilot.runtime.errors import InternalError, PayloadTooLarge, RequestError
+from batchpilot.runtime.hub import ModelHub
+from batchpilot.runtime.protocol import v1_codec, v2_codec
 
 log = logging.getLogger("batchpilot.rest")
 
@@ -24,26 +24,15 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-SERVER_EXTENSIONS = ["model_configuration", "statistics", "binary_tensor_data", "batching", "model_repository"]
-
-
-def model_metadata(spec) -> dict[str, Any]:
-    def tensors(items):
-        return [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in items]
-
-    return {
-        "name": spec.name, "versions": ["1"], "platform": "pytorch_libtorch",
-        "inputs": tensors(spec.inputs), "outputs": tensors(spec.outputs),
-    }
+Response = tuple[int, bytes, dict[str, str]]  # status, body, headers
+Handler = Callable[[Scope, Receive], Awaitable[Response]]
 
 
 class RestFrontend:
-    def __init__(self, hub: ModelHub, fallback: ASGIApp, *, max_body_bytes: int, version: str) -> None:
+    def __init__(self, hub: ModelHub, fallback: ASGIApp, *, max_body_bytes: int) -> None:
         self.hub = hub
         self.fallback = fallback
         self.max_body_bytes = max_body_bytes
-        self.version = version
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,7 +57,7 @@ class RestFrontend:
         await send({"type": "http.response.body", "body": body})
 
     # -- routing ----------------------------------------------------------------------------------------
-    def _route(self, method: str, path: str) -> Callable[[Scope, Receive], Awaitable[tuple[int, bytes, dict]]] | None:
+    def _route(self, method: str, path: str) -> Handler | None:
         parts = path.strip("/").split("/")
         if method == "POST" and len(parts) == 3 and parts[0] == "v1" and parts[1] == "models":
             model, _, verb = parts[2].partition(":")
@@ -93,47 +82,38 @@ class RestFrontend:
         if method != "GET":
             return None
         views = {
-            (): lambda: model_metadata(self._spec(model)),
+            (): lambda: self.hub.model_metadata(model),
             ("ready",): lambda: self._model_ready(model),
             ("config",): lambda: self.hub.triton_config(model),
             ("stats",): lambda: {"model_stats": self.hub.triton_stats(model)},
-            ("batching",): lambda: self._batching(model),
+            ("batching",): lambda: self.hub.batching(model).to_json(),
         }
         view = views.get(tuple(rest))
         return None if view is None else (lambda scope, receive: self._json(view()))
 
     # -- views --------------------------------------------------------------------------------------------
-    async def _json(self, doc: Any, status: int = 200) -> tuple[int, bytes, dict]:
+    async def _json(self, doc: Any, status: int = 200) -> Response:
         if isinstance(doc, tuple):
             status, doc = doc
         return status, orjson.dumps(doc), {"content-type": "application/json"}
 
-    def _spec(self, name: str):
-        model = self.hub.get(name)
-        if model.spec is None:
-            raise InvalidRequest(f"model {name!r} has no valid configuration: {model.error}")
-        return model.spec
+    def _model_ready(self, name: str) -> tuple[int, dict[str, Any]]:
+        ready, error = self.hub.model_readiness(name)
+        doc: dict[str, Any] = {"name": name, "ready": ready}
+        if error:
+            doc["error"] = error
+        return (200 if ready else 503), doc
 
-    def _model_ready(self, name: str) -> tuple[int, dict]:
-        model = self.hub.get(name)
-        doc = {"name": name, "ready": model.ready}
-        if model.error:
-            doc["error"] = model.error
-        return (200 if model.ready else 503), doc
+    async def _ready(self, scope: Scope, receive: Receive) -> Response:
+        return await self._json(
+            (200 if self.hub.ready else 503, {"ready": self.hub.ready, "models": self.hub.readiness()})
+        )
 
-    async def _ready(self, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
-        models = {name: m.ready for name, m in self.hub.models.items()}
-        return await self._json((200 if self.hub.ready else 503, {"ready": self.hub.ready, "models": models}))
+    async def _server_metadata(self, scope: Scope, receive: Receive) -> Response:
+        return await self._json(self.hub.server_metadata())
 
-    async def _server_metadata(self, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
-        return await self._json({"name": "batchpilot", "version": self.version, "extensions": SERVER_EXTENSIONS})
-
-    async def _all_stats(self, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+    async def _all_stats(self, scope: Scope, receive: Receive) -> Response:
         return await self._json({"model_stats": self.hub.triton_stats()})
-
-    def _batching(self, name: str) -> dict[str, Any]:
-        _, batcher = self.hub.serving(name)
-        return batcher.batching_state()
 
     # -- inference ------------------------------------------------------------------------------------------
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
@@ -157,27 +137,27 @@ class RestFrontend:
             raise PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _v2_infer(self, model: str, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+    async def _v2_infer(self, model: str, scope: Scope, receive: Receive) -> Response:
         body = await self._body(scope, receive)
         header_length = None
         for key, value in scope["headers"]:
             if key == v2_codec.BINARY_HEADER.encode():
                 header_length = value.decode("latin-1")
         request = v2_codec.decode(body, header_length)
-        spec = self._spec(model)
-        select_outputs(spec, request.outputs)  # reject unknown outputs before queueing
         spec, outputs = await self.hub.infer(
-            model, request.inputs, priority=request.priority, timeout_us=request.timeout_us
+            model, request.inputs, outputs=request.outputs, priority=request.priority, timeout_us=request.timeout_us
         )
         body, headers = v2_codec.encode(spec, request, outputs)
         return 200, body, headers
 
-    async def _v1_predict(self, model: str, scope: Scope, receive: Receive) -> tuple[int, bytes, dict]:
+    async def _v1_predict(self, model: str, scope: Scope, receive: Receive) -> Response:
         body = await self._body(scope, receive)
-        spec = self._spec(model)
+        spec = self.hub.spec(model)
         groups = v1_codec.decode(spec, body)
         results = await asyncio.gather(*(self.hub.infer(model, g) for g in groups), return_exceptions=True)
+        answers = []
         for result in results:
             if isinstance(result, BaseException):
                 raise result if isinstance(result, RequestError) else InternalError(str(result))
-        return 200, v1_codec.encode(spec, [outputs for _, outputs in results]), {"content-type": "application/json"}
+            answers.append(result[1])
+        return 200, v1_codec.encode(spec, answers), {"content-type": "application/json"}

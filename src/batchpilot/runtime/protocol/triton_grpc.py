@@ -25,6 +25,7 @@ SERVICE = "inference.GRPCInferenceService"
 MODEL_CONFIG_METHOD = f"/{SERVICE}/ModelConfig"
 MODEL_STATISTICS_METHOD = f"/{SERVICE}/ModelStatistics"
 
+
 def _check_version(request: pb.ModelConfigRequest | pb.ModelStatisticsRequest) -> str | None:
     """Why the request is malformed, or None. Versions are decimal strings in Triton's protocol."""
     if request.version and not request.version.isdecimal():
@@ -73,9 +74,7 @@ def triton_extension_handler(
             await context.abort(grpc.StatusCode.NOT_FOUND, _unknown_version(request))
         return model_config_response(config)
 
-    async def model_statistics(
-        request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
-    ) -> Message:
+    async def model_statistics(request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext) -> Message:
         problem = _check_version(request)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -94,11 +93,13 @@ def triton_extension_handler(
     def unary(
         handler: Callable[..., Awaitable[Message]], request_type: type[Message], response_type: type[Message]
     ) -> grpc.RpcMethodHandler:
-        return tolerant(grpc.unary_unary_rpc_method_handler(
-            handler,
-            request_deserializer=request_type.FromString,
-            response_serializer=response_type.SerializeToString,
-        ))
+        return tolerant(
+            grpc.unary_unary_rpc_method_handler(
+                handler,
+                request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString,
+            )
+        )
 
     return grpc.method_handlers_generic_handler(
         SERVICE,

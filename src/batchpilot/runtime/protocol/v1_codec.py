@@ -1,8 +1,8 @@
 """KServe v1 `:predict`: {"instances": [...]} in, {"predictions": [...]} out.
 
 An instance is one item: a nested list for a single-input model, or an object keyed by input name.
-For an NLP model each instance is one token sequence and is queued on its own, so the batcher can
-group it with others of similar length.
+The model's kind groups instances into requests (an NLP model queues each sequence on its own, so the
+batcher can group it with others of similar length).
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.kinds import kind_for
+from batchpilot.runtime.tensors import Decoded
 from batchpilot.spec.model import ModelSpec
-
-from ..errors import InvalidRequest
-from ..hub import Decoded
-from ..tensors import RawInput
 
 MAX_INSTANCES = 4096
 
@@ -40,33 +39,7 @@ def decode(spec: ModelSpec, body: bytes) -> list[list[Decoded]]:
             raise InvalidRequest(f"each instance must give exactly the inputs {sorted(per_input)}")
         for name, value in instance.items():
             per_input[name].append(value)
-    if spec.type == "nlp":
-        name, datatype = spec.inputs[0].name, spec.inputs[0].datatype
-        groups = []
-        for seq in per_input[name]:
-            if not isinstance(seq, list):
-                raise InvalidRequest(f"input {name!r}: each instance must be a list of token ids")
-            groups.append([(RawInput(name, datatype, (1, len(seq))), [seq])])
-        return groups
-    decoded: list[Decoded] = []
-    for t in spec.inputs:
-        values = per_input[t.name]
-        item_shape = _nested_shape(values[0])
-        if item_shape is None:
-            raise InvalidRequest(f"input {t.name!r}: each instance must be a (nested) list of numbers")
-        decoded.append((RawInput(t.name, t.datatype, (len(values), *item_shape)), values))
-    return [decoded]
-
-
-def _nested_shape(value: Any) -> tuple[int, ...] | None:
-    """Shape of a nested list, read along its first elements (raggedness is caught on conversion)."""
-    shape = []
-    while isinstance(value, list):
-        if not value:
-            return None
-        shape.append(len(value))
-        value = value[0]
-    return tuple(shape) if shape else None
+    return kind_for(spec).v1_groups(per_input)
 
 
 def encode(spec: ModelSpec, results: list[dict[str, np.ndarray]]) -> bytes:

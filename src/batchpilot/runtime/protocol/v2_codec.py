@@ -6,17 +6,15 @@ Binary tensors are read with `np.frombuffer` straight from the body, never throu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
 import simdjson
 
+from batchpilot.runtime.errors import InvalidRequest
+from batchpilot.runtime.tensors import DATATYPE_OF, NUMPY_DTYPES, Decoded, RawInput
 from batchpilot.spec.model import ModelSpec
-
-from ..errors import InvalidRequest
-from ..hub import Decoded
-from ..tensors import DATATYPE_OF, NUMPY_DTYPES, RawInput, select_outputs
 
 BINARY_HEADER = "inference-header-content-length"
 
@@ -43,7 +41,8 @@ def _int_param(params: dict[str, Any], key: str) -> int | None:
 # simdjson reads a JSON array of numbers straight into a machine buffer: for a 64x64 RGB image sent as
 # JSON that halves decoding (no Python float per value). Small bodies gain nothing and take orjson.
 _SIMD_MIN_BYTES = 8192
-_BUFFER_TYPES = {"FP16": "d", "FP32": "d", "FP64": "d", "UINT64": "u"}  # other integer types read as int64
+# Other integer types read as int64.
+_BUFFER_TYPES: dict[str, Literal["d", "i", "u"]] = {"FP16": "d", "FP32": "d", "FP64": "d", "UINT64": "u"}
 _BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
 
 
@@ -84,7 +83,12 @@ def _input_item(item: Any) -> Any:
     out = {key: _plain(value) for key, value in item.items() if key != "data"}
     data = item.get("data")
     datatype = out.get("datatype")
-    if isinstance(data, simdjson.Array) and isinstance(datatype, str) and datatype in NUMPY_DTYPES and datatype != "BOOL":
+    if (
+        isinstance(data, simdjson.Array)
+        and isinstance(datatype, str)
+        and datatype in NUMPY_DTYPES
+        and datatype != "BOOL"
+    ):
         kind = _BUFFER_TYPES.get(datatype, "i")
         try:
             out["data"] = np.frombuffer(data.as_buffer(of_type=kind), dtype=_BUFFER_DTYPES[kind])
@@ -139,7 +143,7 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
         if size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(blob):
                 raise InvalidRequest(f"input {name!r}: binary_data_size {size!r} does not fit the body")
-            inputs.append((raw, blob[offset:offset + size]))
+            inputs.append((raw, blob[offset : offset + size]))
             offset += size
         elif "data" in item:
             inputs.append((raw, item["data"]))
@@ -156,7 +160,9 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
     binary_all = params.get("binary_data_output") is True
     wanted = doc.get("outputs")
     if wanted is not None:
-        if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted):
+        if not isinstance(wanted, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted
+        ):
             raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
         if not all(isinstance(o.get("parameters") or {}, dict) for o in wanted):
             raise InvalidRequest("an output's 'parameters' must be an object")
@@ -170,10 +176,11 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
 
 
 def encode(spec: ModelSpec, request: V2Request, outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    """The response body and its extra headers (binary extension when any output is binary)."""
+    """The response body and its extra headers (binary extension when any output is binary). `outputs` are
+    the ones the request asked for, in order (the hub selected them)."""
     entries, blobs = [], []
-    for name in select_outputs(spec, request.outputs):
-        array = np.ascontiguousarray(outputs[name])
+    for name, output in outputs.items():
+        array = np.ascontiguousarray(output)
         entry: dict[str, Any] = {"name": name, "datatype": DATATYPE_OF[array.dtype], "shape": list(array.shape)}
         if "*" in request.binary_outputs or name in request.binary_outputs:
             data = array.tobytes()

@@ -118,8 +118,18 @@ def run_perf_analyzer(
     with tempfile.TemporaryDirectory(prefix="perfa-") as tmp:
         report = Path(tmp) / "report.csv"
         command = [
-            str(binary), "-m", model, "-u", url, "-i", protocol,
-            "--concurrency-range", concurrency_range, "-f", str(report), *extra_args,
+            str(binary),
+            "-m",
+            model,
+            "-u",
+            url,
+            "-i",
+            protocol,
+            "--concurrency-range",
+            concurrency_range,
+            "-f",
+            str(report),
+            *extra_args,
         ]
         try:
             done = subprocess.run(

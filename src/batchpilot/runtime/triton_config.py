@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from batchpilot.spec.contracts import WEIGHT_FILES
 from batchpilot.spec.model import ModelSpec, TensorSpec
 
 _UINT32_MAX = 2**32 - 1
-_MODEL_FILENAMES = {"torchscript": "model.pt", "torch_export": "model.pt2"}
 
 
 def _tensor_json(tensor: TensorSpec, is_input: bool) -> dict:
@@ -72,6 +72,6 @@ def model_config_json(
                 "gpus": list(gpus),
             }
         ],
-        "default_model_filename": _MODEL_FILENAMES[spec.format],
+        "default_model_filename": WEIGHT_FILES[spec.format],
         "model_transaction_policy": {"decoupled": False},
     }

@@ -1,0 +1,222 @@
+"""What watches a batcher: Triton statistics, Prometheus metrics, the recent window (and the tuner, see tuning).
+
+The batcher tells one `BatchObserver` (a fan-out over all of them) what happens, in these events:
+- `arrived`: a request was admitted to the queue;
+- `queue_depth`: the number of waiting requests changed;
+- `released`: a batch left the queue, and why (full, preferred, delay, deadline, drained);
+- `executed`: one model call of `size` items ran, with its input/infer/output seconds;
+- `batch_done`: a batch finished (its token counts, for padding efficiency);
+- `finished`: a request left with an answer or an error of its own (outcome success, error, invalid);
+- `dropped`: a request left without one (outcome timeout, or error when the model hangs);
+- `params_changed`: the batching parameters in force changed;
+- `tuned`: the tuner looked at the figures (whether the SLO is feasible, whether it moved the parameters);
+- `health`: the model stopped or started serving (a hung batch, and its return).
+Each observer overrides the events it cares about; the rest do nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from batchpilot.runtime.autotuner import TuningParams
+from batchpilot.runtime.batching.executor import BatchTimings
+from batchpilot.runtime.batching.request import Pending, Slice
+from batchpilot.runtime.batching.window import RecentWindow
+from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.stats import ModelStats
+
+NS = 1e9
+
+
+class BatchObserver:
+    """Every event a batcher reports; each does nothing here."""
+
+    def arrived(self, request: Pending) -> None:
+        pass
+
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def released(self, reason: str, slices: Sequence[Slice]) -> None:
+        pass
+
+    def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
+        pass
+
+    def batch_done(self, timings: BatchTimings) -> None:
+        pass
+
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
+        """`now` is the loop's clock (what the recent window counts in)."""
+
+    def dropped(self, request: Pending, outcome: str) -> None:
+        pass
+
+    def params_changed(self, params: TuningParams) -> None:
+        pass
+
+    def tuned(self, slo_feasible: bool, changed: bool) -> None:
+        pass
+
+    def health(self, serving: bool) -> None:
+        pass
+
+
+class Observers(BatchObserver):
+    """Fan-out: each event goes to every observer, in order."""
+
+    def __init__(self, observers: Sequence[BatchObserver]) -> None:
+        self.observers = list(observers)
+
+    def arrived(self, request: Pending) -> None:
+        for o in self.observers:
+            o.arrived(request)
+
+    def queue_depth(self, depth: int) -> None:
+        for o in self.observers:
+            o.queue_depth(depth)
+
+    def released(self, reason: str, slices: Sequence[Slice]) -> None:
+        for o in self.observers:
+            o.released(reason, slices)
+
+    def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
+        for o in self.observers:
+            o.executed(size, input_s, infer_s, output_s)
+
+    def batch_done(self, timings: BatchTimings) -> None:
+        for o in self.observers:
+            o.batch_done(timings)
+
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
+        for o in self.observers:
+            o.finished(request, outcome, queued_s, total_s, timings, now)
+
+    def dropped(self, request: Pending, outcome: str) -> None:
+        for o in self.observers:
+            o.dropped(request, outcome)
+
+    def params_changed(self, params: TuningParams) -> None:
+        for o in self.observers:
+            o.params_changed(params)
+
+    def tuned(self, slo_feasible: bool, changed: bool) -> None:
+        for o in self.observers:
+            o.tuned(slo_feasible, changed)
+
+    def health(self, serving: bool) -> None:
+        for o in self.observers:
+            o.health(serving)
+
+
+class StatsObserver(BatchObserver):
+    """Triton's cumulative statistics (`GET /v2/models/{m}/stats`)."""
+
+    def __init__(self, stats: ModelStats) -> None:
+        self.stats = stats
+
+    def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
+        self.stats.record_execution(size, int(input_s * NS), int(infer_s * NS), int(output_s * NS))
+
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
+        if outcome != "success":
+            self.stats.record_failure(int(total_s * NS))
+            return
+        self.stats.record_success(
+            int(queued_s * NS),
+            int(timings.input_s * NS),
+            int(timings.infer_s * NS),
+            int(timings.output_s * NS),
+            int(total_s * NS),
+        )
+
+
+class RecentObserver(BatchObserver):
+    """Latency and throughput of the last seconds (what the operator shows in status)."""
+
+    def __init__(self, window: RecentWindow) -> None:
+        self.window = window
+
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
+        if outcome == "success":
+            self.window.add(now, total_s, request.n)
+
+
+class MetricsObserver(BatchObserver):
+    """The model's Prometheus series (names in runtime/metrics.py)."""
+
+    def __init__(self, metrics: RuntimeMetrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+        m = metrics
+        labelled: dict[str, Any] = {
+            "queue_wait": m.queue_wait,
+            "compute": m.compute,
+            "latency": m.latency,
+            "batch_size": m.batch_size,
+            "depth": m.queue_depth,
+            "max_batch": m.max_batch_size,
+            "max_delay": m.max_queue_delay,
+            "slo": m.latency_slo,
+            "changes": m.autotune_changes,
+            "feasible": m.slo_feasible,
+            "padding": m.padding_efficiency,
+            "tok_useful": m.tokens_useful,
+            "tok_computed": m.tokens_computed,
+            "ready": m.model_ready,
+        }
+        self._m = {name: metric.labels(model=model) for name, metric in labelled.items()}
+
+    def slo(self, seconds: float) -> None:
+        self._m["slo"].set(seconds)
+
+    def queue_depth(self, depth: int) -> None:
+        self._m["depth"].set(depth)
+
+    def released(self, reason: str, slices: Sequence[Slice]) -> None:
+        self.metrics.release.labels(model=self.model, reason=reason).inc()
+
+    def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
+        self._m["batch_size"].observe(size)
+        self._m["compute"].observe(input_s + infer_s + output_s)
+
+    def batch_done(self, timings: BatchTimings) -> None:
+        if timings.tokens_computed:
+            self._m["tok_useful"].inc(timings.tokens_useful)
+            self._m["tok_computed"].inc(timings.tokens_computed)
+            self._m["padding"].set(timings.tokens_useful / timings.tokens_computed)
+
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
+        if outcome == "success":
+            self._m["queue_wait"].observe(queued_s)
+            self._m["latency"].observe(total_s)
+        self._outcome(outcome)
+
+    def dropped(self, request: Pending, outcome: str) -> None:
+        self._outcome(outcome)
+
+    def _outcome(self, outcome: str) -> None:
+        self.metrics.requests.labels(model=self.model, outcome=outcome).inc()
+
+    def params_changed(self, params: TuningParams) -> None:
+        self._m["max_batch"].set(params.max_batch_size)
+        self._m["max_delay"].set(params.max_queue_delay_s)
+
+    def tuned(self, slo_feasible: bool, changed: bool) -> None:
+        self._m["feasible"].set(1 if slo_feasible else 0)
+        if changed:
+            self._m["changes"].inc()
+
+    def health(self, serving: bool) -> None:
+        self._m["ready"].set(1 if serving else 0)

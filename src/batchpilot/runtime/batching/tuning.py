@@ -1,0 +1,133 @@
+"""Who sets a batcher's size and delay: a `StaticTuner` (the spec's parameters, or batch size 1 without
+batching) or an `AutoTuner` (the online autotuner of runtime/autotuner.py, fed through the observer events).
+
+Both lower their ceiling when the model runs out of memory, and report the `autotune` part of
+`GET /v2/models/{m}/batching`. The autotuner stays pure: its clock is injected here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
+from batchpilot.runtime.batching.executor import BatchTimings
+from batchpilot.runtime.batching.observers import BatchObserver
+from batchpilot.runtime.batching.request import Pending
+from batchpilot.spec.contracts import AutotuneState
+from batchpilot.spec.model import ModelSpec
+
+log = logging.getLogger("batchpilot.tuning")
+
+
+class StaticTuner(BatchObserver):
+    """Fixed parameters; only running out of memory lowers the batch size."""
+
+    adaptive = False
+
+    def __init__(self, spec: ModelSpec, params: TuningParams) -> None:
+        self.spec = spec
+        self.params = params
+
+    def lower_ceiling(self, ceiling: int) -> TuningParams:
+        """Never form a batch larger than `ceiling` again; the parameters now in force."""
+        self.params = TuningParams(min(ceiling, self.params.max_batch_size), self.params.max_queue_delay_s)
+        return self.params
+
+    def step(self) -> Decision | None:
+        """A periodic look at the figures: a decision when the parameters (or the SLO verdict) change."""
+        return None
+
+    @property
+    def slo_feasible(self) -> bool:
+        return True
+
+    def report(self) -> AutotuneState:
+        return AutotuneState(enabled=False, latency_slo_p99_ms=self.spec.autotune.latency_slo_p99_ms)
+
+
+class AutoTuner(StaticTuner):
+    """The autotuner, told what happens through the observer events and stepped on a timer."""
+
+    adaptive = True
+
+    def __init__(self, spec: ModelSpec, params: TuningParams, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(spec, params)
+        self.clock = clock
+        self.autotuner = Autotuner(spec.autotune, _clamp(params, spec))
+
+    # -- observer events ---------------------------------------------------------------------------
+    def arrived(self, request: Pending) -> None:
+        self.autotuner.record_arrival(request.n, self.clock())
+
+    def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
+        self.autotuner.record_batch(size, input_s + infer_s + output_s, self.clock())
+
+    def finished(
+        self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
+    ) -> None:
+        if outcome == "success":
+            self.autotuner.record_request(total_s, queued_s, self.clock())
+
+    def dropped(self, request: Pending, outcome: str) -> None:
+        """An admitted request leaves without an answer: stop counting it as in flight."""
+        self.autotuner.record_drop(request.n - request.finished, self.clock())
+
+    # -- tuning ----------------------------------------------------------------------------------------
+    def lower_ceiling(self, ceiling: int) -> TuningParams:
+        self.autotuner.lower_ceiling(ceiling, self.clock())
+        return super().lower_ceiling(ceiling)
+
+    def step(self) -> Decision | None:
+        decision = self.autotuner.step(self.clock())
+        if decision is not None:
+            old, self.params = self.params, decision.params
+            log.info(
+                json.dumps(
+                    {
+                        "event": "autotune",
+                        "model": self.spec.name,
+                        "reason": decision.reason,
+                        "max_batch_size": [old.max_batch_size, decision.params.max_batch_size],
+                        "max_queue_delay_us": [
+                            round(old.max_queue_delay_s * 1e6),
+                            round(decision.params.max_queue_delay_s * 1e6),
+                        ],
+                        **{k: v for k, v in decision.detail.items() if isinstance(v, (int, float, str, bool))},
+                    }
+                )
+            )
+        return decision
+
+    @property
+    def slo_feasible(self) -> bool:
+        return bool(self.autotuner.snapshot(self.clock()).get("slo_feasible", True))
+
+    def report(self) -> AutotuneState:
+        snap = self.autotuner.snapshot(self.clock())
+        return AutotuneState(
+            enabled=True,
+            latency_slo_p99_ms=self.spec.autotune.latency_slo_p99_ms,
+            slo_feasible=snap.get("slo_feasible"),
+            latency_model=snap.get("latency_model"),
+            changes=snap.get("changes"),
+        )
+
+
+def make_tuner(spec: ModelSpec, batching: bool) -> StaticTuner:
+    """The autotuner when batching is on and the spec enables it; fixed parameters otherwise."""
+    b = spec.batching
+    if not batching:
+        return StaticTuner(spec, TuningParams(1, 0.0))
+    static = TuningParams(b.max_batch_size, b.max_queue_delay_microseconds / 1e6)
+    return AutoTuner(spec, static) if spec.autotune.enabled else StaticTuner(spec, static)
+
+
+def _clamp(params: TuningParams, spec: ModelSpec) -> TuningParams:
+    b = spec.autotune.bounds
+    return TuningParams(
+        min(max(params.max_batch_size, b.min_batch_size), b.max_batch_size),
+        min(max(params.max_queue_delay_s, b.min_queue_delay_microseconds / 1e6), b.max_queue_delay_microseconds / 1e6),
+    )

@@ -1,0 +1,77 @@
+"""What crosses the process boundary between the runtime and the operator, defined once.
+
+- `BATCHPILOT_MODEL_SPECS`: the environment variable through which the operator hands the runtime its
+  ModelSpecs (a JSON list, camelCase).
+- `WEIGHT_FILES`: the file each model format is read from in a model folder.
+- `ISVC_*`: the KServe InferenceService the operator writes and the runtime is served by.
+- `BatchingState`: the JSON of the runtime's `GET /v2/models/{m}/batching`, produced by the runtime's
+  batchers and parsed by the operator into `status.models`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+SPECS_ENV = "BATCHPILOT_MODEL_SPECS"
+
+WEIGHT_FILES: dict[Literal["torchscript", "torch_export"], str] = {
+    "torchscript": "model.pt",
+    "torch_export": "model.pt2",
+}
+
+ISVC_GROUP = "serving.kserve.io"
+ISVC_VERSION = "v1beta1"
+ISVC_PLURAL = "inferenceservices"
+ISVC_API_VERSION = f"{ISVC_GROUP}/{ISVC_VERSION}"
+
+
+class _Wire(BaseModel):
+    # A newer runtime may report more: the operator reads what it knows and ignores the rest.
+    model_config = ConfigDict(extra="ignore")
+
+
+class LatencyModel(_Wire):
+    """The autotuner's fit of batch latency: d(n) = a * n + b."""
+
+    a_ms_per_item: float
+    b_ms: float
+
+
+class AutotuneState(_Wire):
+    """Whether the autotuner runs and, when it does, what it concluded."""
+
+    enabled: bool | None = None
+    latency_slo_p99_ms: float | None = None
+    slo_feasible: bool | None = None
+    latency_model: LatencyModel | None = None
+    changes: int | None = None
+
+
+class RecentState(_Wire):
+    """Latency and throughput over the last `window_s` seconds."""
+
+    window_s: float | None = None
+    p99_ms: float | None = None
+    throughput_rps: float | None = None
+    items_per_s: float | None = None
+
+
+class BatchingState(_Wire):
+    """`GET /v2/models/{m}/batching`: the batching parameters in force and how they perform.
+
+    The runtime fills every field; `to_json()` leaves out what it did not set (the autotuner's figures
+    when the autotuner is off), which keeps the JSON documented in docs/design.md.
+    """
+
+    model: str | None = None
+    batching: bool | None = None
+    max_batch_size: int | None = None
+    max_queue_delay_microseconds: int | None = None
+    queue_depth: int | None = None
+    autotune: AutotuneState = AutotuneState()
+    recent: RecentState = RecentState()
+
+    def to_json(self) -> dict[str, object]:
+        return self.model_dump(mode="json", exclude_unset=True)
