@@ -102,6 +102,8 @@ def _mutations() -> list[tuple[str, str, Any]]:
         ("nlp-int32-tokens", "models.1.inputs.0.datatype", "INT32"),
         ("nlp-fixed-length", "models.1.inputs.0.shape", [128]),
         ("duplicate-model", "models.1.name", "cnn"),
+        ("name-dotted", "models.1.name", "bert.v2"),
+        ("name-dot-dot", "models.1.name", "bert..v2"),  # KServe refuses '..' in the storage mount path
         ("replicas-equal", "replicas", {"min": 2, "max": 2}),
         ("replicas-reversed", "replicas", {"min": 2}),  # max defaults to 1
     ]

@@ -100,6 +100,11 @@ CEL_RULES: dict[type[BaseModel], list[dict[str, str]]] = {
         },
     ],
     ModelSpec: [
+        {
+            "rule": "!self.name.contains('..')",
+            "message": "a model name must not contain '..' (it names the model's folder)",
+            "fieldPath": ".name",
+        },
         _unique("inputs", "input"),
         _unique("outputs", "output"),
         {

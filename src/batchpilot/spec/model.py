@@ -180,6 +180,8 @@ class ModelSpec(SpecModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> ModelSpec:
+        if ".." in self.name:  # the name is a folder of the model repository: KServe refuses '..' in mount paths
+            raise ValueError("a model name must not contain '..' (it names the model's folder)")
         for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
             names = [t.name for t in tensors]
             if len(set(names)) != len(names):
