@@ -34,11 +34,15 @@ def kserve_source(bin_dir: Path) -> Path:
 
 
 def kserve_crds(source: Path) -> list[dict[str, Any]]:
-    """Every CustomResourceDefinition under config/crd/full (kustomization files and patches skipped)."""
+    """Every whole CustomResourceDefinition under config/crd/full (kustomize patches, which lack a spec, skipped)."""
     crds = []
     for path in sorted((source / "config" / "crd" / "full").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
-            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+            if (
+                isinstance(doc, dict)
+                and doc.get("kind") == "CustomResourceDefinition"
+                and (doc.get("spec") or {}).get("group")
+            ):
                 crds.append(doc)
     return crds
 
