@@ -213,3 +213,45 @@ class ServiceProxy:
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def create_claim(cluster: LocalCluster, name: str, namespace: str) -> None:
+    """PersistentVolumeClaim `name`, bound to a PersistentVolume made for it (the controller manager binds
+    them), so that pods mounting it can be scheduled. Nothing is ever mounted: kwok runs no containers."""
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": f"{namespace}-{name}"},
+                    "spec": {
+                        "capacity": {"storage": "10Gi"},
+                        "accessModes": ["ReadOnlyMany", "ReadWriteOnce"],
+                        "storageClassName": "",
+                        "hostPath": {"path": f"/srv/{namespace}/{name}"},
+                        "claimRef": {"namespace": namespace, "name": name},
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "accessModes": ["ReadOnlyMany"],
+                        "storageClassName": "",
+                        "volumeName": f"{namespace}-{name}",
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                },
+            ]
+        ),
+    )
+    wait_for(
+        lambda: get(cluster, "pvc", name, "-n", namespace)["status"].get("phase") == "Bound",
+        f"PersistentVolumeClaim {namespace}/{name} Bound",
+        timeout_s=60,
+    )

@@ -27,7 +27,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import yaml
-from clusterkit import BIN, ServiceProxy, alive, condition, get, maybe_get, operator
+from clusterkit import BIN, ServiceProxy, alive, condition, create_claim, get, maybe_get, operator
 from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
@@ -168,6 +168,8 @@ def test_flow(
     tmp_path: Path,
 ) -> None:
     assert triton_grpc  # imported in a child process: tritonclient's and KServe's gRPC protos clash here
+    if maybe_get(cluster, "pvc", "model-store", "-n", NAMESPACE) is None:
+        create_claim(cluster, "model-store", NAMESPACE)  # the PVC the manifest's pvc:// URIs name
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log") as op:
         cluster.kubectl("apply", "-f", "-", stdin=MANIFEST)
 

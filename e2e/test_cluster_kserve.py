@@ -46,14 +46,24 @@ def _isvc_for(path: Path, namespace: str = "default") -> dict[str, Any]:
 
 
 def _apply(cluster: LocalCluster, obj: dict[str, Any], *extra: str) -> dict[str, Any]:
-    out = cluster.kubectl("apply", "--server-side", "--field-manager=batchpilot-e2e", *extra, "-o", "json", "-f", "-",
-                          stdin=json.dumps(obj))
+    out = cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=batchpilot-e2e",
+        *extra,
+        "-o",
+        "json",
+        "-f",
+        "-",
+        stdin=json.dumps(obj),
+    )
     return json.loads(out)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_kserve_webhooks_accept_and_keep_our_fields(cluster: LocalCluster, chart_objects: list[dict[str, Any]],
-                                                    path: Path) -> None:
+def test_kserve_webhooks_accept_and_keep_our_fields(
+    cluster: LocalCluster, chart_objects: list[dict[str, Any]], path: Path
+) -> None:
     desired = _isvc_for(path)
     admitted = _apply(cluster, desired, "--dry-run=server")  # through KServe's mutating + validating webhooks
     owned = {"metadata": {k: desired["metadata"][k] for k in ("labels", "annotations")}, "spec": desired["spec"]}
@@ -69,8 +79,9 @@ def test_kserve_webhooks_accept_and_keep_our_fields(cluster: LocalCluster, chart
         (f"{MODEL_ROOT}/a..b", "denied the request: storage path cannot contain '..'"),  # KServe's webhook
     ],
 )
-def test_kserve_refuses_bad_mount_paths(cluster: LocalCluster, chart_objects: list[dict[str, Any]], mount_path: str,
-                                        refusal: str) -> None:
+def test_kserve_refuses_bad_mount_paths(
+    cluster: LocalCluster, chart_objects: list[dict[str, Any]], mount_path: str, refusal: str
+) -> None:
     isvc = _isvc_for(REPO / "examples" / "both.yaml")
     isvc["spec"]["predictor"]["storageUris"][0]["mountPath"] = mount_path
     with pytest.raises(ClusterError) as refused:
@@ -82,8 +93,9 @@ def test_kserve_refuses_bad_mount_paths(cluster: LocalCluster, chart_objects: li
     assert "webhook" not in str(ours.value)  # the API server's own schema, before any webhook
 
 
-def test_gpu_inference_service_becomes_the_deployment_we_expect(cluster: LocalCluster,
-                                                                chart_objects: list[dict[str, Any]]) -> None:
+def test_gpu_inference_service_becomes_the_deployment_we_expect(
+    cluster: LocalCluster, chart_objects: list[dict[str, Any]]
+) -> None:
     namespace = "vision"
     if maybe_get(cluster, "namespace", namespace) is None:
         cluster.kubectl("create", "namespace", namespace)
@@ -91,8 +103,11 @@ def test_gpu_inference_service_becomes_the_deployment_we_expect(cluster: LocalCl
     name = desired["metadata"]["name"]
     _apply(cluster, desired)
     try:
-        deployment = wait_for(lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", namespace),
-                              "KServe's predictor Deployment", timeout_s=90)
+        deployment = wait_for(
+            lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", namespace),
+            "KServe's predictor Deployment",
+            timeout_s=90,
+        )
         pod_spec = deployment["spec"]["template"]["spec"]
         container = next(c for c in pod_spec["containers"] if c["name"] == "kserve-container")
         runtime = next(o for o in chart_objects if o["kind"] == "ClusterServingRuntime")["spec"]["containers"][0]
@@ -118,18 +133,34 @@ def test_gpu_inference_service_becomes_the_deployment_we_expect(cluster: LocalCl
             mounted
         )
 
-        pods = wait_for(lambda: [p for p in get(cluster, "pods", "-n", namespace, "-l",
-                                                f"serving.kserve.io/inferenceservice={name}")["items"]
-                                 if condition(p, "Ready").get("status") == "True"],
-                        "the predictor pod Ready on kwok's GPU node", timeout_s=90)
+        pods = wait_for(
+            lambda: [
+                p
+                for p in get(cluster, "pods", "-n", namespace, "-l", f"serving.kserve.io/inferenceservice={name}")[
+                    "items"
+                ]
+                if condition(p, "Ready").get("status") == "True"
+            ],
+            "the predictor pod Ready on kwok's GPU node",
+            timeout_s=90,
+        )
         assert pods[0]["spec"]["nodeName"] == FAKE_NODE
-        isvc = wait_for(lambda: (i := get(cluster, "isvc", name, "-n", namespace))
-                        and condition(i, "Ready").get("status") == "True" and i, "the InferenceService Ready",
-                        timeout_s=90)
+        isvc = wait_for(
+            lambda: (
+                (i := get(cluster, "isvc", name, "-n", namespace))
+                and condition(i, "Ready").get("status") == "True"
+                and i
+            ),
+            "the InferenceService Ready",
+            timeout_s=90,
+        )
         assert isvc["status"]["url"].startswith("http")
         print(f"\nKServe made for {name}: Deployment {deployment['metadata']['name']}, url {isvc['status']['url']}")
         print(yaml.safe_dump(copy.deepcopy(container), sort_keys=False))
     finally:
         cluster.kubectl("delete", "isvc", name, "-n", namespace, "--ignore-not-found", "--wait=true", "--timeout=60s")
-    wait_for(lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", namespace) is None,
-             "the garbage collector to remove KServe's Deployment", timeout_s=90)
+    wait_for(
+        lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", namespace) is None,
+        "the garbage collector to remove KServe's Deployment",
+        timeout_s=90,
+    )
