@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from batchpilot.runtime.repository import SPECS_ENV, load_repository, specs_from_env
+from batchpilot.runtime.repository import SPECS_ENV, SUBPATHS_ENV, load_repository, specs_from_env, subpaths_from_env
 
 CPU = torch.device("cpu")
 
@@ -110,6 +110,22 @@ def test_specs_from_the_environment_override_config_files(tmp_path: Path) -> Non
     specs = specs_from_env({SPECS_ENV: json.dumps([override])})
     entries = load_repository(tmp_path, CPU, specs)
     assert entries[0].spec.batching.max_batch_size == 3
+
+
+def test_a_whole_volume_mounted_per_model_is_searched_at_its_subpath(tmp_path: Path) -> None:
+    """KServe mounts the root of `pvc://store/models/m` at <repo>/m: the files are at <repo>/m/models/m."""
+    write(tmp_path / "m" / "models" / "m", config("m"), module=Affine())
+    write(tmp_path / "m" / "models" / "other", config("other"), module=Affine())  # the rest of the volume
+    import json
+
+    subpaths = subpaths_from_env({SUBPATHS_ENV: json.dumps({"m": "models/m", "evil": "../../etc"})})
+    assert subpaths == {"m": "models/m"}  # a path climbing out of the model's folder is ignored
+    (entry,) = load_repository(tmp_path, CPU, subpaths=subpaths)
+    assert entry.name == "m" and entry.error is None and entry.spec is not None and entry.spec.name == "m"
+    # Storage that honours the path (files at <repo>/m itself) works with the same hint.
+    write(tmp_path / "n", config("n"), module=Affine())
+    entries = {e.name: e for e in load_repository(tmp_path, CPU, subpaths={"m": "models/m", "n": "models/n"})}
+    assert entries["n"].error is None
 
 
 def test_a_missing_repository_is_a_clear_error(tmp_path: Path) -> None:

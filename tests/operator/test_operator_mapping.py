@@ -40,14 +40,25 @@ def test_one_inference_service_hosts_every_model(examples: dict[str, Any]) -> No
         {"uri": "pvc://model-store/cnn", "mountPath": "/mnt/models/cnn"},
         {"uri": "pvc://model-store/distilbert", "mountPath": "/mnt/models/distilbert"},
     ]
-    (env,) = model["env"]
+    env, subpaths = model["env"]
     assert env["name"] == "BATCHPILOT_MODEL_SPECS"
     specs = [ModelSpec.model_validate(s) for s in json.loads(env["value"])]  # the runtime's own type
+    # KServe mounts a pvc:// claim's root (not its path) at the mount path: the runtime is told where to look.
+    assert subpaths["name"] == "BATCHPILOT_MODEL_SUBPATHS"
+    assert json.loads(subpaths["value"]) == {"cnn": "cnn", "distilbert": "distilbert"}
     expected = BatchedModelSpec.model_validate(examples["both.yaml"]["spec"]).models
     assert [s.model_dump() for s in specs] == [m.model_dump(exclude={"storage_uri"}) for m in expected]
     assert predictor["minReplicas"] == 1 and predictor["maxReplicas"] == 2
     assert model["resources"]["limits"] == {"cpu": "6", "memory": "24Gi", "nvidia.com/gpu": "1"}
     assert model["resources"]["requests"] == model["resources"]["limits"]
+
+
+def test_no_subpaths_without_pvc_paths(examples: dict[str, Any]) -> None:
+    manifest = json.loads(json.dumps(examples["both.yaml"]))
+    manifest["spec"]["models"][0]["storageUri"] = "s3://bucket/cnn"
+    manifest["spec"]["models"][1]["storageUri"] = "pvc://whole-claim"
+    env = _isvc(manifest)["spec"]["predictor"]["model"]["env"]
+    assert [e["name"] for e in env] == ["BATCHPILOT_MODEL_SPECS"]
 
 
 def test_ownership_and_labels(examples: dict[str, Any]) -> None:

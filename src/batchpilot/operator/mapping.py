@@ -14,7 +14,7 @@ from typing import Any
 
 from batchpilot.spec import batchedmodel as bm
 from batchpilot.spec.batchedmodel import BatchedModelSpec
-from batchpilot.spec.contracts import ISVC_API_VERSION, SPECS_ENV
+from batchpilot.spec.contracts import ISVC_API_VERSION, SPECS_ENV, SUBPATHS_ENV
 
 OWNER_LABEL = f"{bm.API_GROUP}/batchedmodel"
 MANAGED_BY_LABELS = {"app.kubernetes.io/managed-by": "batchpilot-operator", "app.kubernetes.io/part-of": "batchpilot"}
@@ -49,6 +49,26 @@ def model_specs_json(spec: BatchedModelSpec) -> str:
     return json.dumps(specs, separators=(",", ":"), sort_keys=True)
 
 
+def pvc_subpaths(spec: BatchedModelSpec) -> dict[str, str]:
+    """{model: path} for `pvc://claim/path` URIs. KServe mounts the claim's root at the model's mount path (it
+    drops `path`; e2e/test_cluster_flow.py shows it), so the runtime must look for the files at `path` in it."""
+    subpaths = {}
+    for m in spec.models:
+        if m.storage_uri.startswith("pvc://"):
+            _, _, path = m.storage_uri.removeprefix("pvc://").partition("/")
+            if path.strip("/"):
+                subpaths[m.name] = path.strip("/")
+    return subpaths
+
+
+def _env(spec: BatchedModelSpec) -> list[dict[str, str]]:
+    env = [{"name": SPECS_ENV, "value": model_specs_json(spec)}]
+    subpaths = pvc_subpaths(spec)
+    if subpaths:
+        env.append({"name": SUBPATHS_ENV, "value": json.dumps(subpaths, separators=(",", ":"), sort_keys=True)})
+    return env
+
+
 def _resources(spec: BatchedModelSpec) -> dict[str, dict[str, str]]:
     amounts = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
     if spec.resources.gpus:
@@ -81,7 +101,7 @@ def inference_service(name: str, namespace: str, uid: str, spec: BatchedModelSpe
                     "modelFormat": {"name": MODEL_FORMAT},
                     "runtime": spec.runtime,
                     "protocolVersion": "v2",
-                    "env": [{"name": SPECS_ENV, "value": model_specs_json(spec)}],
+                    "env": _env(spec),
                     "resources": _resources(spec),
                 },
             },

@@ -18,7 +18,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from batchpilot.runtime.kinds import kind_for
-from batchpilot.spec.contracts import SPECS_ENV, WEIGHT_FILES
+from batchpilot.spec.contracts import SPECS_ENV, SUBPATHS_ENV, WEIGHT_FILES
 from batchpilot.spec.model import ModelSpec
 
 log = logging.getLogger("batchpilot.repository")
@@ -46,13 +46,33 @@ def specs_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> d
     return {s.name: s for s in specs}
 
 
-def read_spec(folder: Path) -> ModelSpec:
+def subpaths_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> dict[str, str]:
+    """{model: path inside its folder} from the operator (see batchpilot.spec.contracts.SUBPATHS_ENV)."""
+    raw = environ.get(SUBPATHS_ENV)
+    if not raw:
+        return {}
+    subpaths = TypeAdapter(dict[str, str]).validate_python(json.loads(raw))
+    return {name: path for name, path in subpaths.items() if ".." not in Path(path).parts}
+
+
+def model_folder(root: Path, name: str, subpath: str | None) -> Path:
+    """The model's folder: `root/name/subpath` when it holds the files (a whole volume mounted at
+    `root/name`), else `root/name` (the storage put the files there itself)."""
+    folder = root / name
+    if subpath:
+        inner = folder / subpath
+        if any((inner / f).is_file() for f in (*WEIGHT_FILES.values(), "config.yaml")):
+            return inner
+    return folder
+
+
+def read_spec(folder: Path, name: str | None = None) -> ModelSpec:
     path = folder / "config.yaml"
     if not path.exists():
         raise ModelLoadError(f"{path} is missing")
     try:
         data = yaml.safe_load(path.read_text()) or {}
-        data.setdefault("name", folder.name)
+        data.setdefault("name", name or folder.name)
         return ModelSpec.model_validate(data)
     except (yaml.YAMLError, ValidationError) as exc:
         raise ModelLoadError(f"{path} is invalid: {exc}") from None
@@ -90,18 +110,21 @@ def warm_up(spec: ModelSpec, module: Callable[..., object], device: torch.device
 
 
 def load_repository(
-    root: Path, device: torch.device, overrides: dict[str, ModelSpec] | None = None
+    root: Path,
+    device: torch.device,
+    overrides: dict[str, ModelSpec] | None = None,
+    subpaths: dict[str, str] | None = None,
 ) -> list[ModelEntry]:
-    overrides = overrides or {}
+    overrides, subpaths = overrides or {}, subpaths or {}
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a directory")
     names = sorted({p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} | set(overrides))
     entries = []
     for name in names:
         entry = ModelEntry(name)
-        folder = root / name
+        folder = model_folder(root, name, subpaths.get(name))
         try:
-            entry.spec = overrides.get(name) or read_spec(folder)
+            entry.spec = overrides.get(name) or read_spec(folder, name)
             entry.module = load_module(entry.spec, folder, device)
             warm_up(entry.spec, entry.module, device, (1, min(8, entry.spec.advertised_max_batch_size)))
             log.info("loaded model %s (%s, %s) on %s", name, entry.spec.type, entry.spec.format, device)

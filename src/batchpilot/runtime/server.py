@@ -28,7 +28,7 @@ from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.protocol.grpc_frontend import BatchPilotServicer, add_servicer
 from batchpilot.runtime.protocol.rest import RestFrontend
 from batchpilot.runtime.protocol.triton_grpc import triton_extension_handler
-from batchpilot.runtime.repository import ModelEntry, load_repository, specs_from_env
+from batchpilot.runtime.repository import ModelEntry, load_repository, specs_from_env, subpaths_from_env
 
 log = logging.getLogger("batchpilot.server")
 GRPC_MAX_MESSAGE = 64 * 1024 * 1024
@@ -101,7 +101,7 @@ class BatchPilotServer(kserve.ModelServer):
         if options.torch_threads:
             torch.set_num_threads(options.torch_threads)
         self.device = pick_device()
-        entries = load_repository(options.model_repository, self.device, specs_from_env())
+        entries = load_repository(options.model_repository, self.device, specs_from_env(), subpaths_from_env())
         self.hub = build_hub(entries, self.device, self.metrics, options)
         for hosted in self.hub.models.values():
             self.register_model(KServeModel(hosted))

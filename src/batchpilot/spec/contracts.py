@@ -2,6 +2,9 @@
 
 - `BATCHPILOT_MODEL_SPECS`: the environment variable through which the operator hands the runtime its
   ModelSpecs (a JSON list, camelCase).
+- `SUBPATHS_ENV`: `BATCHPILOT_MODEL_SUBPATHS`, where each model's files sit inside its mount when storage
+  mounts a whole volume: KServe (0.20, `storageUris`) mounts the root of a `pvc://claim/path` claim, not
+  `path`, so the operator says `{model: path}` and the runtime looks there first.
 - `WEIGHT_FILES`: the file each model format is read from in a model folder.
 - `ISVC_*`: the KServe InferenceService the operator writes and the runtime is served by.
 - `BatchingState`: the JSON of the runtime's `GET /v2/models/{m}/batching`, produced by the runtime's
@@ -15,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 SPECS_ENV = "BATCHPILOT_MODEL_SPECS"
+SUBPATHS_ENV = "BATCHPILOT_MODEL_SUBPATHS"
 
 WEIGHT_FILES: dict[Literal["torchscript", "torch_export"], str] = {
     "torchscript": "model.pt",
