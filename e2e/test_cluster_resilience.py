@@ -15,6 +15,7 @@ from clusterkit import ServiceProxy, alive, condition, get, maybe_get, operator
 from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
+from batchpilot.devcluster.process import ClusterError
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -94,6 +95,70 @@ def test_api_server_restart_mid_watch(
         cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
 
 
+def _hold_status_writes(cluster: LocalCluster, name: str) -> None:
+    """A ValidatingAdmissionPolicy that refuses every status write to BatchedModel `name`: the operator's
+    reconcile then stops after the InferenceService write and before its status write, every time."""
+    rule = {
+        "apiGroups": ["batchpilot.io"],
+        "apiVersions": ["*"],
+        "operations": ["UPDATE"],
+        "resources": ["batchedmodels/status"],
+    }
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {
+                        "apiVersion": "admissionregistration.k8s.io/v1",
+                        "kind": "ValidatingAdmissionPolicy",
+                        "metadata": {"name": "hold-status"},
+                        "spec": {
+                            "failurePolicy": "Fail",
+                            "matchConstraints": {"resourceRules": [rule]},
+                            "validations": [
+                                {
+                                    "expression": f"object.metadata.name != '{name}'",
+                                    "message": "status writes are held by the test",
+                                }
+                            ],
+                        },
+                    },
+                    {
+                        "apiVersion": "admissionregistration.k8s.io/v1",
+                        "kind": "ValidatingAdmissionPolicyBinding",
+                        "metadata": {"name": "hold-status"},
+                        "spec": {"policyName": "hold-status", "validationActions": ["Deny"]},
+                    },
+                ],
+            }
+        ),
+    )
+
+    def held() -> bool:
+        try:
+            cluster.kubectl(
+                "patch",
+                "bm",
+                name,
+                "-n",
+                NAMESPACE,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                '{"status":{"modelNames":"probe"}}',
+            )
+        except ClusterError as refused:
+            return "held by the test" in str(refused)
+        return False
+
+    wait_for(held, "the admission policy to hold status writes", timeout_s=30)
+
+
 def test_operator_killed_mid_reconcile(
     cluster: LocalCluster,
     chart_objects: list[dict[str, Any]],
@@ -102,17 +167,22 @@ def test_operator_killed_mid_reconcile(
     tmp_path: Path,
 ) -> None:
     name = "interrupted"
-    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "first.log") as op:
-        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
-        # SIGKILL as soon as the child exists: the status write (and kopf's bookkeeping) has not happened yet.
-        child = wait_for(lambda: _isvcs(cluster, name), "the InferenceService", timeout_s=60, interval_s=0.02)[0]
-        op.proc.send_signal(signal.SIGKILL)
-        op.proc.wait(timeout=10)
-    assert _reconciled(cluster, name, 1) is None, "too late: the reconcile had finished before the kill"
+    cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
+    _hold_status_writes(cluster, name)
+    try:
+        with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "first.log") as op:
+            child = wait_for(lambda: _isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
+            # The reconcile is stuck between its two writes (kopf retries it): kill the operator there.
+            wait_for(lambda: "held by the test" in op.log.read_text(), "the refused status write", timeout_s=60)
+            op.proc.send_signal(signal.SIGKILL)
+            op.proc.wait(timeout=10)
+        assert _reconciled(cluster, name, 1) is None
+    finally:
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "hold-status")
 
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "second.log") as op:
         bm = wait_for(
-            lambda: _reconciled(cluster, name, 1), "the restarted operator to finish the reconcile", timeout_s=90
+            lambda: _reconciled(cluster, name, 1), "the restarted operator to finish the reconcile", timeout_s=120
         )
         children = _isvcs(cluster, name)
         assert len(children) == 1 and children[0]["metadata"]["uid"] == child["metadata"]["uid"]
