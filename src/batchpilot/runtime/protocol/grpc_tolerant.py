@@ -42,7 +42,7 @@ def tolerant(handler: grpc.RpcMethodHandler, method: str = "a gRPC method") -> g
             return await behaviour(request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as exc:  # a bug of ours: say so, keep serving
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: say so, keep serving
             sent = next((str(v) for k, v in (context.invocation_metadata() or ()) if k == "x-request-id"), None)
             rid = request_id(sent)
             message = report_unhandled(log, exc, method, rid)

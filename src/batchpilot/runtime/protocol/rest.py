@@ -58,7 +58,7 @@ class RestFrontend:
             body = orjson.dumps({"error": exc.message})
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug of ours: say so (one log line, traceback at DEBUG), keep serving
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: say so (one log line, traceback at DEBUG)
             sent = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
             rid = request_id(sent)
             message = report_unhandled(log, exc, f"{scope['method']} {scope['path']}", rid)
