@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -27,7 +27,9 @@ from .batching.executor import Executor
 from .gpu import export_gpu_metrics
 from .hub import HostedModel, ModelHub
 from .metrics import RuntimeMetrics
+from .protocol import limits as connection_limits
 from .protocol.grpc_frontend import BatchPilotServicer, add_servicer
+from .protocol.limits import ConnectionLimits
 from .protocol.rest import RestFrontend
 from .protocol.triton_grpc import triton_extension_handler
 from .repository import ModelEntry, load_repository, specs_from_env
@@ -47,6 +49,7 @@ class ServerOptions:
     max_body_bytes: int = 64 * 1024 * 1024
     grace_period_s: int = 30
     hang_timeout_s: float = 60.0
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 def pick_device() -> torch.device:
@@ -118,6 +121,9 @@ class BatchPilotServer(kserve.ModelServer):
         rest.config.host = self.options.host
         logging.getLogger("uvicorn.access").disabled = True  # a log line per request costs ~20%
         rest.config.proxy_headers = False
+        connection_limits.configure(
+            rest.config, self.options.connection_limits, self.metrics.connections_timed_out, self.metrics.connections_refused
+        )
         rest.create_application = lambda: None  # done above; serve() must not add routes twice
         # We own SIGTERM/SIGINT (drain first); uvicorn must not capture them.
         rest._server.capture_signals = contextlib.nullcontext
