@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=20_000, help="inputs per property")
     parser.add_argument("--no-live", action="store_true", help="skip the live server part")
     parser.add_argument("--structure", action="store_true",
-                        help="run the structure-level fuzzer (hostile JSON/protobuf structure) instead of the content one")
+                        help="run the structure-level fuzzer (hostile JSON / protobuf structure), not the content one")
     args = parser.parse_args()
     if args.structure:
         return report(structure_run(args.examples, not args.no_live))

@@ -32,7 +32,9 @@ def bug(*args: Any, **kwargs: Any) -> Any:
     raise KeyError(SECRET)  # a bug whose message quotes the payload: it must not reach the ERROR line
 
 
-async def call_rest(app: RestFrontend, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict[bytes, bytes], dict[str, Any]]:
+async def call_rest(
+    app: RestFrontend, headers: list[tuple[bytes, bytes]]
+) -> tuple[int, dict[bytes, bytes], dict[str, Any]]:
     sent: list[dict[str, Any]] = []
     body = b'{"inputs":[{"name":"input_ids","datatype":"INT64","shape":[1,1],"data":[1]}]}'
 

@@ -121,8 +121,9 @@ class BatchPilotServer(kserve.ModelServer):
         rest.config.host = self.options.host
         logging.getLogger("uvicorn.access").disabled = True  # a log line per request costs ~20%
         rest.config.proxy_headers = False
+        metrics = self.metrics
         connection_limits.configure(
-            rest.config, self.options.connection_limits, self.metrics.connections_timed_out, self.metrics.connections_refused
+            rest.config, self.options.connection_limits, metrics.connections_timed_out, metrics.connections_refused
         )
         rest.create_application = lambda: None  # done above; serve() must not add routes twice
         # We own SIGTERM/SIGINT (drain first); uvicorn must not capture them.

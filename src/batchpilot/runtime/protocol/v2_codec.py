@@ -6,7 +6,7 @@ Binary tensors are read with `np.frombuffer` straight from the body, never throu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -43,8 +43,10 @@ def _int_param(params: dict[str, Any], key: str) -> int | None:
 # simdjson reads a JSON array of numbers straight into a machine buffer: for a 64x64 RGB image sent as
 # JSON that halves decoding (no Python float per value). Small bodies gain nothing and take orjson.
 _SIMD_MIN_BYTES = 8192
-_BUFFER_TYPES = {"FP16": "d", "FP32": "d", "FP64": "d", "UINT64": "u"}  # other integer types read as int64
+#: Other integer types read as int64.
+_BUFFER_TYPES: dict[str, Literal["d", "i", "u"]] = {"FP16": "d", "FP32": "d", "FP64": "d", "UINT64": "u"}
 _BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
+_NUMERIC = {name for name in NUMPY_DTYPES if name != "BOOL"}
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -113,8 +115,8 @@ def _input_item(item: Any) -> Any:
     if "data" not in keys:
         return out
     data = item["data"]
-    if isinstance(data, simdjson.Array) and isinstance(datatype, str) and datatype in NUMPY_DTYPES and datatype != "BOOL":
-        kind = _BUFFER_TYPES.get(datatype, "i")
+    if isinstance(data, simdjson.Array) and isinstance(datatype, str) and datatype in _NUMERIC:
+        kind: Literal["d", "i", "u"] = _BUFFER_TYPES.get(datatype, "i")
         try:
             out["data"] = np.frombuffer(data.as_buffer(of_type=kind), dtype=_BUFFER_DTYPES[kind])
             return out
