@@ -18,15 +18,18 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import numpy as np
-from test_hardening_server import Served, server_process
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from test_hardening_server import GRPC_INFER, Served, grpc_token_request, server_process
 
 HEADER_S, BODY_S, IDLE_S = 2.0, 3.0, 2.0
 LIMITS = ["--header-timeout", str(HEADER_S), "--body-timeout", str(BODY_S), "--keep-alive-timeout", str(IDLE_S)]
 #: How late a close may come on a busy 2-core machine (the timers run on the event loop that also serves).
 SLACK_S = 3.0
 TRICKLE_S = 0.5  # one byte every half second: far slower than any real client, never silent long
-SILENT, HEADER_TRICKLE, BODY_TRICKLE, IDLE_KEPT_ALIVE = 60, 60, 60, 20  # 200 slow or idle sockets
+SILENT, HEADER_TRICKLE, BODY_TRICKLE, IDLE_KEPT_ALIVE = 60, 60, 60, 20  # 200 slow or idle HTTP sockets
+GRPC_SILENT = 40  # and 40 on the gRPC port that never finish the HTTP/2 handshake
 GOOD_BODY = json.dumps(
     {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 8], "data": list(range(1, 9))}]}
 ).encode()
@@ -51,6 +54,7 @@ def open_fds(served: Served) -> int:
 class SlowClient:
     kind: str
     limit_s: float
+    port: int = 0  # another port than the HTTP one (gRPC)
     started: float = 0.0  # when the limit began to run for this client
     closed_after_s: float | None = None
     reply: bytes = b""
@@ -60,6 +64,7 @@ class SlowClient:
 class GoodTally:
     statuses: dict[int, int] = field(default_factory=dict)
     seconds: list[float] = field(default_factory=list)
+    grpc_ok: int = 0
 
 
 async def read_until_closed(reader: asyncio.StreamReader, client: SlowClient, timeout_s: float) -> None:
@@ -75,7 +80,7 @@ async def read_until_closed(reader: asyncio.StreamReader, client: SlowClient, ti
 
 
 async def slow_client(port: int, client: SlowClient, wait_s: float) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port or port)
     client.started = time.perf_counter()
 
     async def trickle(data: bytes) -> None:
@@ -129,16 +134,30 @@ async def good_client(port: int, tally: GoodTally, until: float) -> None:
             writer.close()
 
 
-async def flood(port: int) -> tuple[list[SlowClient], GoodTally]:
+async def flood(port: int, grpc_port: int) -> tuple[list[SlowClient], GoodTally]:
     clients = ([SlowClient("silent", HEADER_S) for _ in range(SILENT)]
+               + [SlowClient("gRPC silent", HEADER_S, grpc_port) for _ in range(GRPC_SILENT)]
                + [SlowClient("header trickle", HEADER_S) for _ in range(HEADER_TRICKLE)]
                + [SlowClient("body trickle", BODY_S) for _ in range(BODY_TRICKLE)]
                + [SlowClient("idle kept alive", IDLE_S) for _ in range(IDLE_KEPT_ALIVE)])
     tally = GoodTally()
     wait_s = max(HEADER_S, BODY_S, IDLE_S) + SLACK_S + 5  # past this a client counts as never closed
     until = time.perf_counter() + max(HEADER_S, BODY_S, IDLE_S) + 2
-    await asyncio.gather(*(slow_client(port, c, wait_s) for c in clients), good_client(port, tally, until))
+    await asyncio.gather(*(slow_client(port, c, wait_s) for c in clients), good_client(port, tally, until),
+                         good_grpc_client(grpc_port, tally, until))
     return clients, tally
+
+
+async def good_grpc_client(port: int, tally: GoodTally, until: float) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(GRPC_INFER, request_serializer=pb.ModelInferRequest.SerializeToString,
+                                   response_deserializer=pb.ModelInferResponse.FromString)
+        while time.perf_counter() < until:
+            start = time.perf_counter()
+            response = await call(grpc_token_request(np.arange(1, 9, dtype=np.int64).reshape(1, 8)), timeout=30)
+            tally.grpc_ok += len(response.outputs) == 2
+            tally.seconds.append(time.perf_counter() - start)
+            await asyncio.sleep(0.02)
 
 
 def test_slow_and_idle_clients_are_closed_in_time_while_good_ones_are_served(
@@ -149,7 +168,7 @@ def test_slow_and_idle_clients_are_closed_in_time_while_good_ones_are_served(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=30).read()
         time.sleep(0.5)
         fds_before = open_fds(served)
-        clients, good = asyncio.run(flood(port))
+        clients, good = asyncio.run(flood(port, served.grpc))
         late = [(c.kind, c.closed_after_s) for c in clients
                 if c.closed_after_s is None or c.closed_after_s > c.limit_s + SLACK_S]
         early = [(c.kind, c.closed_after_s) for c in clients
@@ -163,16 +182,18 @@ def test_slow_and_idle_clients_are_closed_in_time_while_good_ones_are_served(
         summary = {k: f"{min(v):.2f}-{max(v):.2f} s" for k, v in by_kind.items() if None not in v}
         p50, p99 = np.percentile(good.seconds, [50, 99])
         print(f"\nslow/idle flood of {len(clients)} sockets: closed after {summary}; counted {timed_out}; good traffic "
-              f"{good.statuses} p50 {p50 * 1e3:.0f} ms p99 {p99 * 1e3:.0f} ms max {max(good.seconds) * 1e3:.0f} ms; "
+              f"HTTP {good.statuses} gRPC {good.grpc_ok} OK, p50 {p50 * 1e3:.0f} ms p99 {p99 * 1e3:.0f} ms "
+              f"max {max(good.seconds) * 1e3:.0f} ms; "
               f"fds {fds_before} -> {fds_after}")
         assert not late, late[:5]
         assert not early, early[:5]
-        slow = [c for c in clients if c.kind != "idle kept alive"]
+        slow = [c for c in clients if c.kind in ("silent", "header trickle", "body trickle")]
         assert all(c.reply.startswith(b"HTTP/1.1 408") for c in slow), [c.reply[:60] for c in slow][:3]
         assert all(c.reply == b"" for c in clients if c.kind == "idle kept alive")
         assert timed_out["header"] >= SILENT + HEADER_TRICKLE and timed_out["body"] >= BODY_TRICKLE, timed_out
         assert timed_out["idle"] >= IDLE_KEPT_ALIVE, timed_out
         assert set(good.statuses) == {200} and sum(good.statuses.values()) >= 20, good.statuses
+        assert good.grpc_ok >= 20, good.grpc_ok
         assert p99 < 2.0, (p50, p99)
         assert fds_after <= fds_before + 2, (fds_before, fds_after)
         assert served.stop() == 0
@@ -210,11 +231,25 @@ def test_connections_past_the_cap_are_refused_and_huge_headers_end_the_connectio
         finally:
             writer.close()
 
+    async def grpc_past_the_cap(port: int) -> bytes:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(cap)]
+        await asyncio.sleep(0.3)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(reader.read(), timeout=5)  # closed at once, not after the handshake timeout
+        except ConnectionError:
+            return b""
+        finally:
+            writer.close()
+            for _, w in held:
+                w.close()
+
     with server_process(demo_repository, tmp_path / "server.log", "--max-connections", str(cap)) as served:
         replies, status = asyncio.run(scenario(served.http))
         assert all(r.startswith(b"HTTP/1.1 503") and b"too many open connections" in r for r in replies), replies[:2]
         assert status == 200
         assert metric(served.http, "batchpilot_connections_refused", "max_connections") >= 10
+        assert asyncio.run(grpc_past_the_cap(served.grpc)) == b""
         reply = asyncio.run(huge_headers(served.http))
         assert reply.startswith(b"HTTP/1.1 400") or reply == b"reset", reply[:100]
         assert metric(served.http, "batchpilot_connections_refused", "header_too_large") == 1

@@ -134,6 +134,7 @@ class BatchPilotServer(kserve.ModelServer):
         server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
             ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+            *connection_limits.grpc_options(self.options.connection_limits),
         ])
         servicer = BatchPilotServicer(self.hub, self.dataplane, self.model_repository_extension)
         add_servicer(servicer, server)

@@ -16,7 +16,8 @@ included, is covered):
   process keeps file descriptors for the connections it serves (and for gRPC and the model files);
 - headers of more than `max_header_bytes` end the connection (400) instead of growing a buffer.
 
-A timed-out request that has not been answered gets a 408 before the close. Every timeout is counted in
+gRPC gets the same bounds from grpc C-core's own options (`grpc_options`). A timed-out request that has
+not been answered gets a 408 before the close. Every timeout is counted in
 batchpilot_connections_timed_out_total{reason=header|body|idle}, every refusal in
 batchpilot_connections_refused_total{reason=max_connections|header_too_large}.
 """
@@ -156,6 +157,17 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
             super().timeout_keep_alive_handler()
 
     return BoundedHttpToolsProtocol
+
+
+def grpc_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
+    """The same bounds for the gRPC server (grpc C-core enforces them; they are not counted here): a connection
+    must finish its HTTP/2 handshake within the header timeout, an idle one is sent GOAWAY after the
+    keep-alive timeout (clients reconnect on their next call), and connections past the cap are closed."""
+    return [
+        ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(limits.keep_alive_timeout_s * 1000)),
+        ("grpc.max_allowed_incoming_connections", limits.resolved_max_connections()),
+    ]
 
 
 def configure(config: Any, limits: ConnectionLimits, timed_out: Counter, refused: Counter) -> None:
