@@ -14,7 +14,9 @@ included, is covered):
   own timer, now counted);
 - at most `max_connections` open connections: one past it is answered 503 and closed at once, so the
   process keeps file descriptors for the connections it serves (and for gRPC and the model files);
-- headers of more than `max_header_bytes` end the connection (400) instead of growing a buffer.
+- headers of more than `max_header_bytes` end the connection (400) instead of growing a buffer;
+- on shutdown, a request whose body is still arriving has at most `SHUTDOWN_BODY_S` more to finish it
+  (it is not accepted yet), so a client trickling its body cannot hold the drain for the body timeout.
 
 gRPC gets the same bounds from grpc C-core's own options (`grpc_options`). A timed-out request that has
 not been answered gets a 408 before the close. Every timeout is counted in
@@ -66,6 +68,9 @@ def _response(status: bytes, message: str) -> bytes:
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+#: On shutdown, the most time a request whose body is still arriving gets to finish it.
+SHUTDOWN_BODY_S = 5.0
+
 _TIMEOUT_MESSAGES = {
     "header": "request headers not received within the header timeout",
     "body": "request body not received within the body timeout",
@@ -85,6 +90,7 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
         """HttpToolsProtocol with header/body deadlines, a connection cap and a header size cap."""
 
         _deadline: asyncio.TimerHandle | None = None
+        _deadline_reason = ""
         _header_bytes = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -103,6 +109,7 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
         def _arm(self, reason: str, seconds: float) -> None:
             self._disarm()
             self._deadline = self.loop.call_later(seconds, self._expire, reason)
+            self._deadline_reason = reason
 
         def _disarm(self) -> None:
             if self._deadline is not None:
@@ -150,6 +157,14 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
         def on_message_complete(self) -> None:
             self._disarm()
             super().on_message_complete()
+
+        def shutdown(self) -> None:
+            deadline = self._deadline
+            if deadline is not None and self._deadline_reason == "body":
+                remaining = deadline.when() - self.loop.time()
+                if remaining > SHUTDOWN_BODY_S:
+                    self._arm("body", SHUTDOWN_BODY_S)
+            super().shutdown()
 
         def timeout_keep_alive_handler(self) -> None:
             if not self.transport.is_closing():
