@@ -1,10 +1,11 @@
-"""Slow and idle HTTP clients are timed out and counted; connections are capped; good clients are served.
+"""Slow and idle clients are timed out and counted; connections are capped; good clients are served.
 
-A real `batchpilot serve` on loopback with short limits, raw sockets: clients that connect and say nothing,
-trickle their headers or their body a byte at a time, or hold a kept-alive connection idle. Each must be
-closed by the server within its limit (and not long before it), counted in
-batchpilot_connections_timed_out_total{reason}, while a good client next to them gets every answer in
-bounded time, and the server's file descriptors return to their baseline.
+A real `batchpilot serve` on loopback with short limits, raw sockets: HTTP clients that connect and say
+nothing, trickle their headers or their body a byte at a time, or hold a kept-alive connection idle, and
+gRPC connections that never finish the HTTP/2 handshake. Each must be closed by the server within its
+limit (and not long before it), the HTTP ones counted in batchpilot_connections_timed_out_total{reason},
+while good HTTP and gRPC clients next to them get every answer in bounded time, and the server's file
+descriptors return to their baseline.
 """
 
 from __future__ import annotations
