@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from test_hardening_server import GRPC_INFER, Served, grpc_token_request, server_process
 
@@ -267,3 +268,6 @@ def test_serve_flags_and_defaults() -> None:
     assert ConnectionLimits() == ConnectionLimits(10.0, 60.0, 65.0, 0, 65536)
     assert 16 <= ConnectionLimits().resolved_max_connections() <= 10_000
     assert ConnectionLimits(max_connections=7).resolved_max_connections() == 7
+    for wrong in ({"header_timeout_s": 0}, {"body_timeout_s": -1}, {"max_connections": -1}):
+        with pytest.raises(ValueError, match="must be"):
+            ConnectionLimits(**wrong)  # type: ignore[arg-type]

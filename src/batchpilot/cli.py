@@ -12,11 +12,15 @@ def _serve(args: argparse.Namespace) -> int:
     from batchpilot.runtime.protocol.limits import ConnectionLimits
     from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads
 
-    limits = ConnectionLimits(
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-        keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections,
-        max_header_bytes=args.max_header_bytes,
-    )
+    try:
+        limits = ConnectionLimits(
+            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+            keep_alive_timeout_s=args.keep_alive_timeout, max_connections=args.max_connections,
+            max_header_bytes=args.max_header_bytes,
+        )
+    except ValueError as exc:
+        print(f"batchpilot serve: {exc}", file=sys.stderr)
+        return 2
     options = ServerOptions(
         model_repository=Path(args.model_repository), http_port=args.http_port, grpc_port=args.grpc_port,
         host=args.host, batching=not args.no_batching,

@@ -51,6 +51,13 @@ class ConnectionLimits:
     max_connections: int = 0  # 0: derived from the file descriptor limit (see resolved_max_connections)
     max_header_bytes: int = 64 * 1024
 
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_header_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)!r}")
+        if self.max_connections < 0:
+            raise ValueError(f"max_connections must be 0 (automatic) or positive, not {self.max_connections!r}")
+
     def resolved_max_connections(self) -> int:
         """`max_connections`, or when 0: half the soft file descriptor limit (the other half is left to gRPC,
         the model files and logs), at most 10 000 and at least 16."""
