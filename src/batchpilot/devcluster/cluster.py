@@ -118,7 +118,9 @@ class LocalCluster:
             timeout=120,
         )
         if done.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)}: {(done.stderr.strip() + chr(10) + done.stdout.strip()).strip()}")
+            raise ClusterError(
+                f"kubectl {' '.join(args)}: {(done.stderr.strip() + chr(10) + done.stdout.strip()).strip()}"
+            )
         return done.stdout
 
     def wait_established(self, names: list[str], timeout_s: float = 60.0) -> None:
