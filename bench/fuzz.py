@@ -5,6 +5,8 @@ allocation limit. With --live (default on): the same fuzzed REST bodies and gRPC
 server, which must never answer 5xx / INTERNAL / UNKNOWN and must still serve afterwards.
 
     python bench/fuzz.py --examples 20000          # ~10-20 min on 2 cores
+    python bench/fuzz.py --structure --examples 20000   # hostile JSON / protobuf structure
+                                                        # (tests/test_structure_fuzz.py), with good traffic alongside
 A failing example is printed by hypothesis (shrunk) and the script exits non-zero.
 """
 
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import test_hardening_fuzz as fuzz  # noqa: E402 - the properties and strategies live with the CI tests
+import test_structure_fuzz as structure  # noqa: E402
 from batchpilot.runtime.demo_models import write_demo_repository  # noqa: E402
 from test_hardening_server import server_process  # noqa: E402
 
@@ -80,11 +83,64 @@ def live(examples: int) -> list[tuple[str, int, float]]:
     return rows
 
 
+def structure_run(examples: int, with_live: bool) -> list[tuple[str, int, float]]:
+    """The structure-level properties: grammar-generated hostile JSON in-process, then live (REST next to
+    good traffic, and hostile protobuf on gRPC)."""
+    tracemalloc.start()
+    rows = [
+        run(
+            "structure decode",
+            examples,
+            lambda body, model: structure.check_in_process(body, model),
+            body=structure.hostile_bodies(),
+            model=st.sampled_from(sorted(fuzz.SPECS)),
+        )
+    ]
+    tracemalloc.stop()
+    if not with_live:
+        return rows
+    with tempfile.TemporaryDirectory(prefix="batchpilot-fuzz-") as tmp:
+        repository = Path(tmp) / "models"
+        write_demo_repository(repository)
+        with server_process(repository, Path(tmp) / "server.log") as served:
+            start = time.monotonic()
+            structure.STRUCTURE_LIVE = settings(structure.STRUCTURE_LIVE, derandomize=False)
+            statuses, kinds, good = structure.live_structure_fuzz(served.http, examples)
+            bad = {s: n for s, n in statuses.items() if s >= 500}
+            print(
+                f"  live structure REST: {sum(statuses.values())} bodies {dict(statuses)}; {len(kinds)} kinds: "
+                f"{dict(kinds.most_common())}; good traffic {dict(good.statuses)}",
+                flush=True,
+            )
+            assert not bad and set(good.statuses) == {200}, (bad, good.statuses)
+            rows.append(("live structure", sum(statuses.values()), time.monotonic() - start))
+            with grpc.insecure_channel(f"127.0.0.1:{served.grpc}") as channel:
+                call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+                rows.append(
+                    run(
+                        "live gRPC structure",
+                        examples,
+                        lambda case: fuzz.check_live_grpc({"ModelInfer": call}, "ModelInfer", case[0]),
+                        case=structure.hostile_protobuf(),
+                    )
+                )
+            fuzz.assert_still_serving((served.http, served.grpc), repository)
+            assert served.stop() == 0
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=20_000, help="inputs per property")
     parser.add_argument("--no-live", action="store_true", help="skip the live server part")
+    parser.add_argument(
+        "--structure",
+        action="store_true",
+        help="run the structure-level fuzzer (hostile JSON / protobuf structure), not the content one",
+    )
     args = parser.parse_args()
+    if args.structure:
+        return report(structure_run(args.examples, not args.no_live))
     tracemalloc.start()
     models = st.sampled_from(sorted(fuzz.SPECS))
     rows = [
@@ -112,10 +168,14 @@ def main() -> int:
     tracemalloc.stop()
     if not args.no_live:
         rows += live(args.examples)
-    print(f"\n{'property':16s} {'inputs':>8s} {'seconds':>8s}")
+    return report(rows)
+
+
+def report(rows: list[tuple[str, int, float]]) -> int:
+    print(f"\n{'property':20s} {'inputs':>8s} {'seconds':>8s}")
     for label, tried, seconds in rows:
-        print(f"{label:16s} {tried:8d} {seconds:8.1f}")
-    print(f"{'total':16s} {sum(r[1] for r in rows):8d}")
+        print(f"{label:20s} {tried:8d} {seconds:8.1f}")
+    print(f"{'total':20s} {sum(r[1] for r in rows):8d}")
     return 0
 
 

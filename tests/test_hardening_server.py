@@ -25,6 +25,7 @@ import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from batchpilot.runtime.demo_models import VOCAB_SIZE, text_spec
+from batchpilot.runtime.protocol.limits import SHUTDOWN_BODY_S
 from batchpilot.testing.loadgen import build_request
 from batchpilot.testing.processes import child_process, free_port, ready_url, serve_command, wait_ready
 from batchpilot.testing.requests import v2_binary_body
@@ -362,3 +363,119 @@ def test_no_request_payload_in_logs_at_debug_level(demo_repository: Path, tmp_pa
     assert " DEBUG " in log and "failed on one request" in log  # the level took, and the failure was logged
     leaked = [(p.pattern, line[:200]) for line in log.splitlines() for p in LEAKS if p.search(line)]
     assert not leaked, leaked[:5]
+
+
+# -- SIGTERM under mixed REST + gRPC load, with a slow client ------------------------------------------------
+@dataclass
+class MixedTally:
+    """`Tally` per protocol, and what became of a client trickling its body when the signal came."""
+
+    http: Tally = field(default_factory=Tally)
+    grpc: Tally = field(default_factory=Tally)
+    grpc_codes: dict[str, int] = field(default_factory=dict)
+    slow_reply: bytes = b""
+    slow_closed: bool = False
+    slow_closed_after_signal_s: float = 0.0
+    signalled_at: float = 0.0
+
+
+#: gRPC answers that mean "not accepted": refused while draining, or no server left to connect to.
+REFUSALS = ("shutting down", "not ready", "connection refused", "failed to connect", "connect failed")
+
+
+async def mixed_load_through_sigterm(
+    served: Served, http_clients: int, grpc_clients: int, before_s: float
+) -> MixedTally:
+    tally = MixedTally()
+    signalled = asyncio.Event()
+    in_flight = {"grpc": 0}
+    arrays = [tokens(int(n), seed=i) for i, n in enumerate(np.random.default_rng(1).integers(32, 200, 16))]
+
+    async def grpc_client(channel: grpc.aio.Channel, k: int) -> None:
+        call = channel.unary_unary(
+            GRPC_INFER,
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        i = k
+        while True:  # a well-behaved client: it stops at the first refusal
+            array = arrays[i % len(arrays)]
+            i += 1
+            sent_before_signal = not signalled.is_set()
+            in_flight["grpc"] += 1
+            try:
+                response = await call(grpc_token_request(array), timeout=60)
+            except grpc.aio.AioRpcError as err:
+                name = err.code().name
+                tally.grpc_codes[name] = tally.grpc_codes.get(name, 0) + 1
+                details = (err.details() or "").lower()
+                if err.code() == grpc.StatusCode.UNAVAILABLE and any(r in details for r in REFUSALS):
+                    tally.grpc.refused += 1
+                else:
+                    tally.grpc.lost += 1
+                    tally.grpc.wrong.append(f"{name}: {err.details()}")
+                return
+            finally:
+                in_flight["grpc"] -= 1
+            shapes = {o.name: list(o.shape) for o in response.outputs}
+            if shapes != {"logits": [1, 4], "token_scores": [1, array.shape[1]]}:
+                tally.grpc.wrong.append(str(shapes))
+                continue
+            tally.grpc_codes["OK"] = tally.grpc_codes.get("OK", 0) + 1
+            tally.grpc.ok += 1
+            tally.grpc.answered_after_signal += sent_before_signal and signalled.is_set()
+
+    async def slow_client() -> None:
+        """Headers sent, then the body a byte at a time: not accepted yet when the signal comes."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.http)
+        writer.write(b"POST /v2/models/textcls/infer HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n")
+        try:
+            while not reader.at_eof():
+                writer.write(b" ")
+                await writer.drain()
+                try:
+                    tally.slow_reply += await asyncio.wait_for(reader.read(4096), timeout=0.5)
+                except asyncio.TimeoutError:
+                    continue
+        except ConnectionError:
+            pass
+        tally.slow_closed = True
+        tally.slow_closed_after_signal_s = time.monotonic() - tally.signalled_at
+        writer.close()
+
+    async def terminate() -> None:
+        await asyncio.sleep(before_s)
+        tally.grpc.in_flight_at_signal = in_flight["grpc"]
+        tally.signalled_at = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        signalled.set()
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{served.grpc}") as channel:
+        http_part = asyncio.create_task(load_through_sigterm(served, clients=http_clients, before_s=before_s))
+        await asyncio.gather(*(grpc_client(channel, k) for k in range(grpc_clients)), slow_client(), terminate())
+        tally.http = await http_part
+    return tally
+
+
+def test_sigterm_under_mixed_rest_and_grpc_load_loses_nothing(demo_repository: Path, tmp_path: Path) -> None:
+    """Both protocols under load and a client trickling its body when SIGTERM comes: every request accepted
+    on either protocol is answered, counted per protocol; the slow client is closed within the shutdown
+    budget for bodies (not the 60 s body timeout), so the process exits 0 well within the grace period."""
+    with server_process(demo_repository, tmp_path / "server.log") as served:  # default limits: 60 s body timeout
+        tally = asyncio.run(mixed_load_through_sigterm(served, http_clients=16, grpc_clients=16, before_s=2.0))
+        started = time.monotonic()
+        code = served.proc.wait(timeout=GRACE_S)
+        exit_s = time.monotonic() - started
+    print(
+        f"\nSIGTERM under mixed load: HTTP {tally.http}; gRPC {tally.grpc} codes {tally.grpc_codes}; "
+        f"slow client closed {tally.slow_closed_after_signal_s:.1f} s after the signal with {tally.slow_reply[:40]!r}; "
+        f"exit {code} {exit_s:.1f} s after that"
+    )
+    for protocol in (tally.http, tally.grpc):
+        assert protocol.lost == 0 and not protocol.wrong, protocol
+        assert protocol.ok > 0 and protocol.refused > 0, protocol
+    assert tally.grpc.in_flight_at_signal > 0 and tally.grpc.answered_after_signal > 0, tally.grpc
+    assert tally.http.answered_after_signal > 0, tally.http
+    assert tally.slow_closed and tally.slow_closed_after_signal_s < SHUTDOWN_BODY_S + 7, tally  # not 60 s
+    assert tally.slow_reply == b"" or tally.slow_reply.startswith(b"HTTP/1.1 408"), tally.slow_reply
+    assert code == 0, served.log.read_text()[-3000:]

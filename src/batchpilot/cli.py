@@ -9,8 +9,20 @@ from pathlib import Path
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from batchpilot.runtime.protocol.limits import ConnectionLimits
     from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads
 
+    try:
+        limits = ConnectionLimits(
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            keep_alive_timeout_s=args.keep_alive_timeout,
+            max_connections=args.max_connections,
+            max_header_bytes=args.max_header_bytes,
+        )
+    except ValueError as exc:
+        print(f"batchpilot serve: {exc}", file=sys.stderr)
+        return 2
     options = ServerOptions(
         model_repository=Path(args.model_repository),
         http_port=args.http_port,
@@ -20,6 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads or default_torch_threads(),
         max_body_bytes=args.max_body_bytes,
         hang_timeout_s=args.model_hang_timeout,
+        connection_limits=limits,
     )
     BatchPilotServer(options).run()
     return 0
@@ -57,6 +70,36 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="seconds a batch may run before the model is declared hung and marked unready",
+    )
+    limits = serve.add_argument_group("connection limits (HTTP)")
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a request's line and headers (from connecting, or from the "
+        "first byte of the next request on a kept-alive connection)",
+    )
+    limits.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client has to send a request's whole body, from the end of its headers",
+    )
+    limits.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=65.0,
+        help="seconds an idle kept-alive connection is held between requests",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        help="open HTTP connections at most; one more is answered 503 and closed "
+        "(default 0: half the file descriptor limit, at most 10000)",
+    )
+    limits.add_argument(
+        "--max-header-bytes", type=int, default=64 * 1024, help="bytes of request line and headers at most"
     )
     serve.set_defaults(func=_serve)
 

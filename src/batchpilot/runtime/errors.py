@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 import grpc
 
 
@@ -66,3 +69,22 @@ class ModelNotLoaded(RequestError):
     """The model's configuration is invalid: nothing to describe or run (gRPC answers UNAVAILABLE)."""
 
     grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+#: A request id the client sent (x-request-id) is kept when it is this short and printable; else we make one.
+_MAX_REQUEST_ID = 128
+
+
+def request_id(sent: str | None = None) -> str:
+    """The id an unhandled error is reported under: the client's x-request-id if usable, else a new one."""
+    if sent and len(sent) <= _MAX_REQUEST_ID and sent.isprintable() and sent.isascii():
+        return sent
+    return uuid.uuid4().hex
+
+
+def report_unhandled(log: logging.Logger, exc: BaseException, where: str, rid: str) -> str:
+    """Log a bug met while answering a request: one ERROR line (request id, exception type; never its
+    message, which may quote the payload), the traceback at DEBUG. Returns the client's error message."""
+    log.error("unhandled %s on %s (request id %s)", type(exc).__name__, where, rid)
+    log.debug("traceback of request %s", rid, exc_info=exc)
+    return f"internal error: {type(exc).__name__} (request id {rid})"

@@ -116,3 +116,15 @@ class RuntimeMetrics:
         self.gpu_memory_used = Gauge(
             "batchpilot_gpu_memory_used_bytes", "GPU memory in use from NVML.", ("gpu",), registry=registry
         )
+        self.connections_timed_out = Counter(
+            "batchpilot_connections_timed_out",
+            "HTTP connections the server closed for being too slow or idle, by reason (header, body, idle).",
+            ("reason",),
+            registry=registry,
+        )
+        self.connections_refused = Counter(
+            "batchpilot_connections_refused",
+            "HTTP connections refused or ended past a limit, by reason (max_connections, header_too_large).",
+            ("reason",),
+            registry=registry,
+        )

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -25,7 +25,9 @@ from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.gpu import export_gpu_metrics
 from batchpilot.runtime.hub import HostedModel, ModelHub
 from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.protocol import limits as connection_limits
 from batchpilot.runtime.protocol.grpc_frontend import BatchPilotServicer, add_servicer
+from batchpilot.runtime.protocol.limits import ConnectionLimits
 from batchpilot.runtime.protocol.rest import RestFrontend
 from batchpilot.runtime.protocol.triton_grpc import triton_extension_handler
 from batchpilot.runtime.repository import ModelEntry, load_repository, specs_from_env, subpaths_from_env
@@ -45,6 +47,7 @@ class ServerOptions:
     max_body_bytes: int = 64 * 1024 * 1024
     grace_period_s: int = 30
     hang_timeout_s: float = 60.0
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 def pick_device() -> torch.device:
@@ -125,6 +128,10 @@ class BatchPilotServer(kserve.ModelServer):
         rest.config.host = self.options.host
         logging.getLogger("uvicorn.access").disabled = True  # a log line per request costs ~20%
         rest.config.proxy_headers = False
+        metrics = self.metrics
+        connection_limits.configure(
+            rest.config, self.options.connection_limits, metrics.connections_timed_out, metrics.connections_refused
+        )
         rest.create_application = lambda: None  # done above; serve() must not add routes twice
         # We own SIGTERM/SIGINT (drain first); uvicorn must not capture them.
         rest._server.capture_signals = contextlib.nullcontext
@@ -135,6 +142,7 @@ class BatchPilotServer(kserve.ModelServer):
             options=[
                 ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
                 ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+                *connection_limits.grpc_options(self.options.connection_limits),
             ]
         )
         servicer = BatchPilotServicer(self.hub, self.dataplane, self.model_repository_extension)

@@ -32,7 +32,7 @@ class _TolerantRegistrar:
         pass  # the same methods arrive as a dict just after, through add_registered_method_handlers
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        tolerant_handlers = {name: tolerant(h) for name, h in handlers.items()}
+        tolerant_handlers = {name: tolerant(h, f"{service}/{name}") for name, h in handlers.items()}
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, tolerant_handlers),))
         self.server.add_registered_method_handlers(service, tolerant_handlers)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from batchpilot.runtime.errors import InternalError, PayloadTooLarge, RequestError
+from batchpilot.runtime.errors import InternalError, PayloadTooLarge, RequestError, report_unhandled, request_id
 from batchpilot.runtime.hub import ModelHub
 from batchpilot.runtime.protocol import v1_codec, v2_codec
 
@@ -47,10 +47,12 @@ class RestFrontend:
             body = orjson.dumps({"error": exc.message})
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug of ours: say so, keep serving
-            log.exception("unhandled error on %s", scope["path"])
-            status, headers = 500, {"content-type": "application/json"}
-            body = orjson.dumps({"error": f"internal error: {type(exc).__name__}"})
+        except Exception as exc:  # a bug of ours: say so (one log line, traceback at DEBUG), keep serving
+            sent = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
+            rid = request_id(sent)
+            message = report_unhandled(log, exc, f"{scope['method']} {scope['path']}", rid)
+            status, headers = 500, {"content-type": "application/json", "x-request-id": rid}
+            body = orjson.dumps({"error": message, "request_id": rid})
         raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
         raw_headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw_headers})

@@ -44,28 +44,55 @@ _SIMD_MIN_BYTES = 8192
 # Other integer types read as int64.
 _BUFFER_TYPES: dict[str, Literal["d", "i", "u"]] = {"FP16": "d", "FP32": "d", "FP64": "d", "UINT64": "u"}
 _BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
+_NUMERIC = {name for name in NUMPY_DTYPES if name != "BOOL"}
+
+
+_BOM = b"\xef\xbb\xbf"
 
 
 def load_json(text: bytes) -> Any:
     """The body as Python objects, except that a large body's numeric input `data` arrays come back as
-    flat numpy arrays (float64/int64/uint64; converted and range-checked later, like lists)."""
-    if len(text) < _SIMD_MIN_BYTES:
+    flat numpy arrays (float64/int64/uint64; converted and range-checked later, like lists).
+
+    Both readers give the same answer for the same document: a repeated key takes its last value (as
+    orjson and Python's json do), a byte order mark is refused, and every way the text can fail to be
+    JSON (syntax, depth past 1024, a number out of range, invalid UTF-8) is an InvalidRequest naming it.
+    """
+    if text[:3] == _BOM:
+        raise InvalidRequest("request body is not valid JSON: it starts with a UTF-8 byte order mark (BOM)")
+    if len(text) >= _SIMD_MIN_BYTES:
         try:
-            return orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+            return _from_simdjson(simdjson.Parser().parse(bytes(text)))
+        except (ValueError, RuntimeError, _RepeatedKey):
+            # simdjson raises ValueError for syntax and encoding errors, but RuntimeError for a document
+            # nested too deep (DEPTH_ERROR) or an integer past 64 bits (BIGINT_ERROR, which orjson reads as
+            # a float): that was a 500. orjson has the last word on any body simdjson does not take, so
+            # both readers agree on every body (and a repeated key keeps its last value, as in orjson).
+            pass
     try:
-        root = simdjson.Parser().parse(bytes(text))
-    except ValueError as exc:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+
+class _RepeatedKey(Exception):
+    """An object repeats a key: simdjson's lookup would take its first value, orjson takes the last."""
+
+
+def _fields(obj: Any) -> list[str]:
+    keys = list(obj.keys())
+    if len(set(keys)) != len(keys):
+        raise _RepeatedKey
+    return keys
+
+
+def _from_simdjson(root: Any) -> Any:
     if not isinstance(root, simdjson.Object):
         return _plain(root)
-    doc = {key: _plain(value) for key, value in root.items() if key != "inputs"}
-    inputs = root.get("inputs")
-    if isinstance(inputs, simdjson.Array):
-        doc["inputs"] = [_input_item(item) for item in inputs]
-    elif "inputs" in root:
-        doc["inputs"] = _plain(inputs)
+    doc = {key: _plain(root[key]) for key in _fields(root) if key != "inputs"}
+    if "inputs" in root:
+        inputs = root["inputs"]
+        doc["inputs"] = [_input_item(item) for item in inputs] if isinstance(inputs, simdjson.Array) else _plain(inputs)
     return doc
 
 
@@ -80,23 +107,20 @@ def _plain(value: Any) -> Any:
 def _input_item(item: Any) -> Any:
     if not isinstance(item, simdjson.Object):
         return _plain(item)
-    out = {key: _plain(value) for key, value in item.items() if key != "data"}
-    data = item.get("data")
+    keys = _fields(item)
+    out = {key: _plain(item[key]) for key in keys if key != "data"}
     datatype = out.get("datatype")
-    if (
-        isinstance(data, simdjson.Array)
-        and isinstance(datatype, str)
-        and datatype in NUMPY_DTYPES
-        and datatype != "BOOL"
-    ):
-        kind = _BUFFER_TYPES.get(datatype, "i")
+    if "data" not in keys:
+        return out
+    data = item["data"]
+    if isinstance(data, simdjson.Array) and isinstance(datatype, str) and datatype in _NUMERIC:
+        kind: Literal["d", "i", "u"] = _BUFFER_TYPES.get(datatype, "i")
         try:
             out["data"] = np.frombuffer(data.as_buffer(of_type=kind), dtype=_BUFFER_DTYPES[kind])
             return out
-        except (TypeError, ValueError):  # mixed or wrong-typed values: the list path names the problem
+        except (TypeError, ValueError, RuntimeError):  # mixed or wrong-typed values: the list path names the problem
             pass
-    if "data" in item:
-        out["data"] = _plain(data)
+    out["data"] = _plain(data)
     return out
 
 
