@@ -49,31 +49,6 @@ def _converged(server: ApiServer, name: str = NAME, generation: int = 1) -> dict
     return obj if ok else None
 
 
-async def test_restart_mid_reconcile_converges_to_the_same_child(
-    apiserver: ApiServer, examples: dict[str, Any]
-) -> None:
-    # Every status write fails: the operator creates the child, then cannot finish the reconcile.
-    blocked = apiserver.fail(kmock.action.UPDATE, BM, subresource="status", status=503, times=None)
-    async with running_operator(apiserver):
-        await call(apiserver, "POST", BM_URL, json=manifest(examples))
-        await eventually(
-            lambda: stored(apiserver, ISVC, NAME) and blocked.hits, "the child, then a failed status write"
-        )
-    # Stopped mid-reconcile: a child, but no status on its owner.
-    before = stored(apiserver, ISVC, NAME)
-    assert before is not None and "status" not in (stored(apiserver, BM, NAME) or {})
-
-    apiserver.faults.remove(blocked)
-    async with running_operator(apiserver):
-        await eventually(lambda: _converged(apiserver), "the restarted operator to finish the reconcile")
-    after = stored(apiserver, ISVC, NAME)
-    assert len(stored_all(apiserver, ISVC)) == 1 and after is not None
-    # The same child, untouched: no second create, no needless patch.
-    assert after["metadata"]["uid"] == before["metadata"]["uid"]
-    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    assert after["spec"] == before["spec"]
-
-
 @pytest.mark.parametrize(
     ("action", "resource", "subresource", "status"),
     [

@@ -9,6 +9,7 @@ Nothing here imports a front-end or a codec.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -65,6 +66,8 @@ def _tensor_metadata(tensors: Sequence[TensorSpec]) -> list[dict[str, Any]]:
 class ModelHub:
     metrics: RuntimeMetrics
     models: dict[str, HostedModel] = field(default_factory=dict)
+    #: time.monotonic() of the last inference request, answered or refused (the shutdown waits for quiet).
+    last_request_at: float = 0.0
 
     def add(self, model: HostedModel) -> None:
         self.models[model.name] = model
@@ -145,6 +148,7 @@ class ModelHub:
     ) -> tuple[ModelSpec, Outputs]:
         """Run one request; the answer holds the requested outputs (all when none are named), in that order.
         Unknown outputs are refused before anything is queued."""
+        self.last_request_at = time.monotonic()
         names = select_outputs(self.spec(name), outputs)
         spec, batcher = self.serving(name)
         try:

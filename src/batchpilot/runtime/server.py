@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,12 +190,20 @@ class BatchPilotServer(kserve.ModelServer):
         for m in self.hub.models.values():
             self.metrics.model_ready.labels(model=m.name).set(0)
         await asyncio.gather(*(b.drain() for b in batchers))
+        await self._until_quiet()
         log.info("drained; stopping servers")
         if self._grpc is not None:
             await self._grpc.stop(grace=5)
             self._grpc = None
         if self._rest is not None:
             self._rest._server.should_exit = True
+
+    async def _until_quiet(self, quiet_s: float = 0.3, max_s: float = 3.0) -> None:
+        """Keep refusing (503 / UNAVAILABLE "shutting down") until no request has come for `quiet_s`: a gRPC
+        call that reaches a stopping server is cancelled, and its client cannot tell whether it ran."""
+        deadline = time.monotonic() + max_s
+        while time.monotonic() < deadline and time.monotonic() - self.hub.last_request_at < quiet_s:
+            await asyncio.sleep(0.05)
 
     def run(self) -> None:
         try:
