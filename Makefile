@@ -38,7 +38,7 @@ format:
 	$(VENV)/bin/ruff format .
 
 test: setup lint controlplane
-	$(VENV)/bin/pytest -q
+	BATCHPILOT_REQUIRE_TOOLS=1 $(VENV)/bin/pytest -q
 
 bench: setup
 	$(PY) bench/runtime_bench.py

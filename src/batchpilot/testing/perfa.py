@@ -22,7 +22,7 @@ from typing import Any, Literal
 #: One load level of a report: numeric cells as int or float, anything else (e.g. per-GPU metrics) as text.
 Row = dict[str, Any]
 
-_REPO_BINARY = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "perf_analyzer"
+_REPO_BINARY = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "perf_analyzer"
 
 # perf_analyzer's CSV headers for the figures callers use most, under short stable keys; any other
 # column keeps its header in snake_case (e.g. "Server Queue" -> "server_queue").
