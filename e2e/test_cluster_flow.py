@@ -17,6 +17,7 @@ import contextlib
 import json
 import shutil
 import subprocess
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,9 +217,11 @@ def test_flow(
             )
             assert grpc_out.stdout.strip() == f"(1, {TEXT_CLASSES})", grpc_out.stderr
 
-            bm = wait_for(
-                lambda: _status_models_match(cluster, http), "status.models to match the runtime", timeout_s=60
-            )
+            # Steady traffic meanwhile, as a served model has: the runtime's recent p99 covers a sliding window.
+            with _steady_traffic(http):
+                bm = wait_for(
+                    lambda: _status_models_match(cluster, http), "status.models to match the runtime", timeout_s=120
+                )
             assert condition(bm, "Ready")["status"] == "True" and condition(bm, "Degraded")["status"] == "False"
             assert bm["status"]["url"] == isvc["status"]["url"]
             table = cluster.kubectl("get", "bm", NAME, "-n", NAMESPACE, "-o", "wide")
@@ -293,6 +296,26 @@ def test_flow(
             timeout_s=90,
         )
         assert alive(op)
+
+
+@contextlib.contextmanager
+def _steady_traffic(http: int) -> Iterator[None]:
+    """One request every ~50 ms to each model, from a thread, until the block ends."""
+    stop = threading.Event()
+
+    def drive() -> None:
+        i = 0
+        while not stop.wait(0.05):
+            _infer_http(http, ("resnet-mini", "textcls")[i % 2], i)
+            i += 1
+
+    worker = threading.Thread(target=drive, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.join(timeout=10)
 
 
 def _ready_pod(cluster: LocalCluster, isvc: str) -> dict[str, Any] | None:

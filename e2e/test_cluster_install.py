@@ -76,7 +76,11 @@ def test_operator_deployment_pod_runs_on_kwok(cluster: LocalCluster, chart_objec
         ]
         return ready[0] if ready else None
 
-    pod = wait_for(running_pod, f"a Running, Ready pod of Deployment {name}", timeout_s=90)
+    try:
+        pod = wait_for(running_pod, f"a Running, Ready pod of Deployment {name}", timeout_s=90)
+    except BaseException:
+        print(cluster.kubectl("get", "pods,nodes", "-A", "-o", "wide"), cluster.kubectl("describe", "nodes"))
+        raise
     assert pod["spec"]["nodeName"] == FAKE_NODE
     assert pod["spec"]["serviceAccountName"] == deployment["spec"]["template"]["spec"]["serviceAccountName"]
     live = wait_for(

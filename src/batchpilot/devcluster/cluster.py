@@ -224,6 +224,10 @@ class LocalCluster:
             f"--service-account-private-key-file={self.pki / 'sa.key'}",
             f"--root-ca-file={self.ca_path}",
             "--controllers=*",
+            # kwok renews its node's lease from a process that shares 2 busy cores with everything else; a late
+            # renewal must not make the node lifecycle controller mark every pod on it NotReady for good
+            # (kwok only readies Pending pods).
+            "--node-monitor-grace-period=5m",
             "--use-service-account-credentials=false",
             "--profiling=false",
             "--v=1",
