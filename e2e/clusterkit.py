@@ -92,6 +92,16 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == kind), {})
 
 
+def kubeconfig_via(kubeconfig: Path, server: str, path: Path) -> Path:
+    """A copy of `kubeconfig` (same credentials, same CA) whose cluster is reached at `server` instead."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = server
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
 def service_account_kubeconfig(cluster: LocalCluster, namespace: str, name: str, path: Path) -> Path:
     """A kubeconfig holding a token the API server issued for ServiceAccount namespace/name."""
     token = cluster.kubectl("create", "token", name, "-n", namespace, "--duration=2h").strip()
@@ -255,3 +265,56 @@ def create_claim(cluster: LocalCluster, name: str, namespace: str) -> None:
         f"PersistentVolumeClaim {namespace}/{name} Bound",
         timeout_s=60,
     )
+
+
+# -- BatchedModels and their InferenceServices in the tests' namespace --------------------------------------------
+
+NAMESPACE = "default"
+
+
+def batched_model_manifest(name: str, max_batch_size: int = 8) -> str:
+    """A one-model BatchedModel (its model on claim model-store), as JSON for `kubectl apply -f -`."""
+    return json.dumps(
+        {
+            "apiVersion": "batchpilot.io/v1alpha1",
+            "kind": "BatchedModel",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "resources": {"cpu": "1", "memory": "1Gi"},
+                "models": [
+                    {
+                        "name": "cnn",
+                        "type": "cv",
+                        "storageUri": f"pvc://model-store/{name}",
+                        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+                        "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+                        "batching": {"maxBatchSize": max_batch_size},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def isvcs(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
+    """The InferenceServices named `name` (none or one: the API server keeps names unique)."""
+    return [i for i in get(cluster, "isvc", "-n", NAMESPACE)["items"] if i["metadata"]["name"] == name]
+
+
+def isvc_max_batch(isvc: dict[str, Any]) -> int:
+    """The maxBatchSize the InferenceService hands its runtime (BATCHPILOT_MODEL_SPECS)."""
+    env = {e["name"]: e["value"] for e in isvc["spec"]["predictor"]["model"]["env"]}
+    return int(json.loads(env["BATCHPILOT_MODEL_SPECS"])[0]["batching"]["maxBatchSize"])
+
+
+def reconciled(cluster: LocalCluster, name: str, generation: int) -> dict[str, Any] | None:
+    """The BatchedModel once its status says Reconciled=True for `generation`, else None."""
+    bm = maybe_get(cluster, "bm", name, "-n", NAMESPACE)
+    done = condition(bm, "Reconciled")
+    return bm if done.get("status") == "True" and done.get("observedGeneration") == generation else None
+
+
+def event_reasons(cluster: LocalCluster, name: str) -> list[str]:
+    """The reasons of the events posted about BatchedModel `name`, oldest first."""
+    events = get(cluster, "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [e["reason"] for e in events if e["involvedObject"]["kind"] == "BatchedModel"]

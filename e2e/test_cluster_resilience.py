@@ -11,58 +11,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import ServiceProxy, alive, condition, get, maybe_get, operator
+from clusterkit import (
+    NAMESPACE,
+    ServiceProxy,
+    alive,
+    batched_model_manifest,
+    event_reasons,
+    get,
+    isvc_max_batch,
+    isvcs,
+    maybe_get,
+    operator,
+    reconciled,
+)
 from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
 from batchpilot.devcluster.process import ClusterError
 
 pytestmark = pytest.mark.timeout(420)
-
-NAMESPACE = "default"
-
-
-def _manifest(name: str, max_batch_size: int = 8) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "batchpilot.io/v1alpha1",
-            "kind": "BatchedModel",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {
-                "resources": {"cpu": "1", "memory": "1Gi"},
-                "models": [
-                    {
-                        "name": "cnn",
-                        "type": "cv",
-                        "storageUri": f"pvc://model-store/{name}",
-                        "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-                        "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
-                        "batching": {"maxBatchSize": max_batch_size},
-                    }
-                ],
-            },
-        }
-    )
-
-
-def _isvcs(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
-    return [i for i in get(cluster, "isvc", "-n", NAMESPACE)["items"] if i["metadata"]["name"] == name]
-
-
-def _specs_max_batch(isvc: dict[str, Any]) -> int:
-    env = {e["name"]: e["value"] for e in isvc["spec"]["predictor"]["model"]["env"]}
-    return int(json.loads(env["BATCHPILOT_MODEL_SPECS"])[0]["batching"]["maxBatchSize"])
-
-
-def _reconciled(cluster: LocalCluster, name: str, generation: int) -> dict[str, Any] | None:
-    bm = maybe_get(cluster, "bm", name, "-n", NAMESPACE)
-    done = condition(bm, "Reconciled")
-    return bm if done.get("status") == "True" and done.get("observedGeneration") == generation else None
-
-
-def _reasons(cluster: LocalCluster, name: str) -> list[str]:
-    events = get(cluster, "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}")["items"]
-    return [e["reason"] for e in events if e["involvedObject"]["kind"] == "BatchedModel"]
 
 
 def test_api_server_restart_mid_watch(
@@ -74,24 +41,24 @@ def test_api_server_restart_mid_watch(
 ) -> None:
     name = "survivor"
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log") as op:
-        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
-        first = wait_for(lambda: _isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
-        wait_for(lambda: _reconciled(cluster, name, 1), "Reconciled at generation 1")
+        cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
+        first = wait_for(lambda: isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
+        wait_for(lambda: reconciled(cluster, name, 1), "Reconciled at generation 1")
 
         cluster.restart_apiserver(down_s=3)  # every watch and keep-alive connection breaks
 
         assert op.proc.poll() is None, "the operator died with the API server"
-        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name, max_batch_size=4))
+        cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name, max_batch_size=4))
         wait_for(
-            lambda: _isvcs(cluster, name) and _specs_max_batch(_isvcs(cluster, name)[0]) == 4,
+            lambda: isvcs(cluster, name) and isvc_max_batch(isvcs(cluster, name)[0]) == 4,
             "the change made after the restart to reach the InferenceService",
             timeout_s=120,
         )
-        wait_for(lambda: _reconciled(cluster, name, 2), "Reconciled at generation 2", timeout_s=60)
-        children = _isvcs(cluster, name)
+        wait_for(lambda: reconciled(cluster, name, 2), "Reconciled at generation 2", timeout_s=60)
+        children = isvcs(cluster, name)
         assert len(children) == 1 and children[0]["metadata"]["uid"] == first["metadata"]["uid"]
         assert alive(op)
-        assert "DriftReverted" not in _reasons(cluster, name)
+        assert "DriftReverted" not in event_reasons(cluster, name)
         cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
 
 
@@ -167,27 +134,27 @@ def test_operator_killed_mid_reconcile(
     tmp_path: Path,
 ) -> None:
     name = "interrupted"
-    cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
+    cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
     _hold_status_writes(cluster, name)
     try:
         with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "first.log") as op:
-            child = wait_for(lambda: _isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
+            child = wait_for(lambda: isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
             # The reconcile is stuck between its two writes (kopf retries it): kill the operator there.
             wait_for(lambda: "held by the test" in op.log.read_text(), "the refused status write", timeout_s=60)
             op.proc.send_signal(signal.SIGKILL)
             op.proc.wait(timeout=10)
-        assert _reconciled(cluster, name, 1) is None
+        assert reconciled(cluster, name, 1) is None
     finally:
         cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "hold-status")
 
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "second.log") as op:
         bm = wait_for(
-            lambda: _reconciled(cluster, name, 1), "the restarted operator to finish the reconcile", timeout_s=120
+            lambda: reconciled(cluster, name, 1), "the restarted operator to finish the reconcile", timeout_s=120
         )
-        children = _isvcs(cluster, name)
+        children = isvcs(cluster, name)
         assert len(children) == 1 and children[0]["metadata"]["uid"] == child["metadata"]["uid"]
         assert bm["status"]["inferenceService"] == name
-        assert "DriftReverted" not in _reasons(cluster, name)
+        assert "DriftReverted" not in event_reasons(cluster, name)
         assert alive(op)
         cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
 
@@ -203,8 +170,8 @@ def test_garbage_collector_follows_owner_references(
     it: the InferenceService (our ownerReference), then KServe's Deployment and pods (KServe's)."""
     name = "orphaned"
     with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log"):
-        cluster.kubectl("apply", "-f", "-", stdin=_manifest(name))
-        wait_for(lambda: _reconciled(cluster, name, 1), "Reconciled", timeout_s=60)
+        cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
+        wait_for(lambda: reconciled(cluster, name, 1), "Reconciled", timeout_s=60)
         wait_for(
             lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE),
             "KServe's Deployment",
@@ -216,7 +183,7 @@ def test_garbage_collector_follows_owner_references(
     cluster.kubectl("patch", "bm", name, "-n", NAMESPACE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
     t0 = time.monotonic()
     cluster.kubectl("delete", "bm", name, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
-    wait_for(lambda: not _isvcs(cluster, name), "the garbage collector to delete the InferenceService", timeout_s=90)
+    wait_for(lambda: not isvcs(cluster, name), "the garbage collector to delete the InferenceService", timeout_s=90)
     wait_for(
         lambda: maybe_get(cluster, "deployment", f"{name}-predictor", "-n", NAMESPACE) is None,
         "the garbage collector to delete KServe's Deployment",

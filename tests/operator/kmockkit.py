@@ -97,7 +97,8 @@ def _replace(container: dict[str, Any] | list[Any], content: Any) -> None:
 
 @dataclasses.dataclass
 class Fault:
-    """Answer matching requests with an error instead of serving them (nothing is stored)."""
+    """Answer matching requests with an error instead of serving them (nothing is stored); or, `lose`,
+    serve them (the write is stored) and cut the connection instead of answering."""
 
     action: kmock.action
     resource: kmock.resource
@@ -105,6 +106,7 @@ class Fault:
     status: int = 409
     times: int | None = 1  # how many requests to fail; None: every one until removed
     hits: int = 0  # how many it failed so far
+    lose: bool = False
 
     def matches(self, request: kmock.Request) -> bool:
         return (
@@ -138,14 +140,17 @@ class ApiServer(kmock.KubernetesEmulator):
         subresource: str | None = None,
         status: int = 409,
         times: int | None = 1,
+        lose: bool = False,
     ) -> Fault:
-        fault = Fault(action, resource, subresource, status, times)
+        fault = Fault(action, resource, subresource, status, times, lose=lose)
         self.faults.append(fault)
         return fault
 
     async def _handle(self, request: kmock.Request) -> Any:
-        if request.resource is not None and (fault := next((f for f in self.faults if f.matches(request)), None)):
+        fault = next((f for f in self.faults if f.matches(request)), None) if request.resource is not None else None
+        if fault is not None:
             fault.hits += 1
+        if fault is not None and not fault.lose:
             reason = REASONS.get(fault.status, "Injected")
             return await self._render_error(
                 kmock.KubernetesError(
@@ -158,7 +163,12 @@ class ApiServer(kmock.KubernetesEmulator):
                 _replace(request.data, self._created(request))
             elif request.action == kmock.action.UPDATE:
                 _replace(request.data, self._patched(request))
-        return await super()._handle(request)
+        response = await super()._handle(request)
+        if fault is not None:  # a lost response: applied, then the connection is gone before the answer
+            transport = request._raw_request.transport
+            if transport is not None:
+                transport.close()
+        return response
 
     async def _render_error(self, exc: Exception) -> Any:
         if isinstance(exc, jsonpatch.JsonPatchTestFailed):

@@ -81,6 +81,40 @@ async def test_failed_write_is_retried(
     assert ("ApplyFailed" in event_reasons(apiserver)) == (status != 409 and resource == ISVC), event_reasons(apiserver)
 
 
+def _handlers_pending(server: ApiServer, name: str = NAME) -> list[str]:
+    """kopf's progress annotations on the BatchedModel: the handlers it has yet to finish (or to retry)."""
+    annotations = (stored(server, BM, name) or {}).get("metadata", {}).get("annotations", {})
+    bookkeeping = {"batchpilot.io/kopf-managed", "batchpilot.io/last-handled-configuration"}
+    return [k for k in annotations if k.startswith("batchpilot.io/") and k not in bookkeeping]
+
+
+@pytest.mark.parametrize(
+    ("action", "generation"),
+    [
+        pytest.param(kmock.action.CREATE, 1, id="lost-create-response"),
+        pytest.param(kmock.action.UPDATE, 2, id="lost-patch-response"),
+    ],
+)
+async def test_lost_response_of_a_child_write(
+    apiserver: ApiServer, examples: dict[str, Any], action: kmock.action, generation: int
+) -> None:
+    """The API server applies the create (or patch) of the child, then the connection is cut before its answer:
+    the operator sees no API error but a broken connection. It converges on the one child, its own write not
+    taken for drift, and retries the interrupted handler after its retry delay (not kopf's default minute)."""
+    lost = apiserver.fail(action, ISVC, lose=True)
+    async with running_operator(apiserver):
+        await call(apiserver, "POST", BM_URL, json=manifest(examples))
+        await eventually(lambda: _converged(apiserver), "the first generation applied")
+        if generation == 2:
+            await call(apiserver, "PATCH", f"{BM_URL}/{NAME}", headers=MERGE, json={"spec": {"replicas": {"max": 3}}})
+            await eventually(lambda: _converged(apiserver, generation=2), "the second generation applied")
+        await eventually(lambda: not _handlers_pending(apiserver), "the interrupted handler retried to its end")
+    assert lost.hits == 1, "the response was never lost"
+    [child] = stored_all(apiserver, ISVC)
+    assert generation == 1 or child["spec"]["predictor"]["maxReplicas"] == 3
+    assert "DriftReverted" not in event_reasons(apiserver), event_reasons(apiserver)
+
+
 async def test_child_deleted_by_hand_is_recreated(apiserver: ApiServer, examples: dict[str, Any]) -> None:
     async with running_operator(apiserver):
         await call(apiserver, "POST", BM_URL, json=manifest(examples))

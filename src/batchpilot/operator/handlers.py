@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
+import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
 from batchpilot.operator.mapping import OWNER_LABEL
@@ -35,13 +36,17 @@ def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) ->
 
 @contextlib.contextmanager
 def retried_soon(delay_s: float) -> Iterator[None]:
-    """An API error escaping a handler is retried after `delay_s`, not kopf's default minute."""
+    """An API error escaping a handler is retried after `delay_s`, not kopf's default minute: an error
+    answer, and as much a call that got no answer at all (connection refused, cut before the response,
+    timed out). The write may then have been applied: the retry reads afresh and finds it done."""
     try:
         yield
     except ApiException as error:
         raise kopf.TemporaryError(
             f"Kubernetes API call failed: {error.status} {error.reason}", delay=delay_s
         ) from error
+    except urllib3.exceptions.HTTPError as error:
+        raise kopf.TemporaryError(f"Kubernetes API call got no answer: {error}", delay=delay_s) from error
 
 
 def register(
