@@ -318,3 +318,13 @@ def event_reasons(cluster: LocalCluster, name: str) -> list[str]:
     """The reasons of the events posted about BatchedModel `name`, oldest first."""
     events = get(cluster, "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}")["items"]
     return [e["reason"] for e in events if e["involvedObject"]["kind"] == "BatchedModel"]
+
+
+def wait_isvc_ready(cluster: LocalCluster, name: str, namespace: str, timeout_s: float = 120) -> dict[str, Any]:
+    """The InferenceService once KServe reports it Ready."""
+
+    def ready() -> dict[str, Any] | None:
+        isvc = get(cluster, "isvc", name, "-n", namespace)
+        return isvc if condition(isvc, "Ready").get("status") == "True" else None
+
+    return wait_for(ready, f"KServe to report InferenceService {namespace}/{name} Ready", timeout_s=timeout_s)

@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ for helpers in (TESTS / "operator", TESTS / "chart"):
     if str(helpers) not in sys.path:
         sys.path.insert(0, str(helpers))
 
-from clusterkit import CHART_NAMESPACE, ServiceProxy, install_chart, service_account_kubeconfig  # noqa: E402
+from clusterkit import (  # noqa: E402
+    CHART_NAMESPACE,
+    OperatorProcess,
+    ServiceProxy,
+    install_chart,
+    operator,
+    service_account_kubeconfig,
+)
 
 from batchpilot.devcluster import LocalCluster  # noqa: E402
 from batchpilot.devcluster.kserve import KServe  # noqa: E402
@@ -63,3 +71,19 @@ def operator_kubeconfig(
 def service_proxy() -> Iterator[ServiceProxy]:
     with ServiceProxy() as proxy:
         yield proxy
+
+
+StartOperator = Callable[..., AbstractContextManager[OperatorProcess]]
+
+
+@pytest.fixture()
+def start_operator(
+    chart_objects: list[dict[str, Any]], operator_kubeconfig: Path, service_proxy: ServiceProxy, tmp_path: Path
+) -> StartOperator:
+    """`with start_operator("x.log") as op:` runs the chart's operator with its ServiceAccount's token (or
+    `kubeconfig=`), logging to tmp_path/x.log, until the block ends."""
+
+    def start(log: str = "operator.log", kubeconfig: Path | None = None) -> AbstractContextManager[OperatorProcess]:
+        return operator(chart_objects, kubeconfig or operator_kubeconfig, service_proxy, tmp_path / log)
+
+    return start

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 import yaml
-from clusterkit import BIN, ServiceProxy, alive, condition, create_claim, get, maybe_get, operator
+from clusterkit import BIN, ServiceProxy, alive, condition, create_claim, get, maybe_get, wait_isvc_ready
 from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
@@ -35,6 +35,7 @@ from batchpilot.devcluster.cluster import FAKE_NODE
 from batchpilot.devcluster.process import ClusterError, free_port
 from batchpilot.runtime.demo_models import IMAGE_SIZE, NUM_CLASSES, TEXT_CLASSES, VOCAB_SIZE
 from batchpilot.testing.processes import child_process, get_json
+from conftest import StartOperator
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -162,15 +163,11 @@ print(c.infer("textcls", [t]).as_numpy("logits").shape)
 
 
 def test_flow(
-    cluster: LocalCluster,
-    chart_objects: list[dict[str, Any]],
-    operator_kubeconfig: Path,
-    service_proxy: ServiceProxy,
-    tmp_path: Path,
+    cluster: LocalCluster, start_operator: StartOperator, service_proxy: ServiceProxy, tmp_path: Path
 ) -> None:
     if maybe_get(cluster, "pvc", "model-store", "-n", NAMESPACE) is None:
         create_claim(cluster, "model-store", NAMESPACE)  # the PVC the manifest's pvc:// URIs name
-    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log") as op:
+    with start_operator("operator.log") as op:
         cluster.kubectl("apply", "-f", "-", stdin=MANIFEST)
 
         # The operator's InferenceService, accepted by KServe's webhooks and owned by the BatchedModel.
@@ -187,15 +184,7 @@ def test_flow(
         assert deployment["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
         pod = wait_for(lambda: _ready_pod(cluster, NAME), "a Ready predictor pod on kwok's node", timeout_s=120)
         assert pod["spec"]["nodeName"] == FAKE_NODE
-        isvc = wait_for(
-            lambda: (
-                (i := get(cluster, "inferenceservice", NAME, "-n", NAMESPACE))
-                and condition(i, "Ready").get("status") == "True"
-                and i
-            ),
-            "KServe to report the InferenceService Ready",
-            timeout_s=120,
-        )
+        isvc = wait_isvc_ready(cluster, NAME, NAMESPACE)
         internal = (isvc["status"].get("address") or {}).get("url") or isvc["status"]["url"]
 
         container = next(c for c in pod["spec"]["containers"] if c["name"] == "kserve-container")

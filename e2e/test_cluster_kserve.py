@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusterkit import REPO, condition, get, maybe_get
+from clusterkit import REPO, condition, get, maybe_get, wait_isvc_ready
 from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
@@ -145,15 +145,7 @@ def test_gpu_inference_service_becomes_the_deployment_we_expect(
             timeout_s=90,
         )
         assert pods[0]["spec"]["nodeName"] == FAKE_NODE
-        isvc = wait_for(
-            lambda: (
-                (i := get(cluster, "isvc", name, "-n", namespace))
-                and condition(i, "Ready").get("status") == "True"
-                and i
-            ),
-            "the InferenceService Ready",
-            timeout_s=90,
-        )
+        isvc = wait_isvc_ready(cluster, name, namespace, timeout_s=90)
         assert isvc["status"]["url"].startswith("http")
         print(f"\nKServe made for {name}: Deployment {deployment['metadata']['name']}, url {isvc['status']['url']}")
         print(yaml.safe_dump(copy.deepcopy(container), sort_keys=False))

@@ -16,14 +16,12 @@ import pytest
 from clusterkit import (
     NAMESPACE,
     OperatorProcess,
-    ServiceProxy,
     alive,
     batched_model_manifest,
     event_reasons,
     get,
     isvc_max_batch,
     kubeconfig_via,
-    operator,
     reconciled,
 )
 from kmockkit import wait_for
@@ -31,6 +29,7 @@ from lossyproxy import LossyProxy
 
 from batchpilot.devcluster import LocalCluster
 from batchpilot.operator.mapping import OWNER_LABEL
+from conftest import StartOperator
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -91,17 +90,12 @@ def _report(lossy: LossyProxy, op: OperatorProcess, writes: str, sent: int, time
 
 
 def test_lost_create_response(
-    cluster: LocalCluster,
-    chart_objects: list[dict[str, Any]],
-    operator_kubeconfig: Path,
-    service_proxy: ServiceProxy,
-    lossy: LossyProxy,
-    tmp_path: Path,
+    cluster: LocalCluster, start_operator: StartOperator, operator_kubeconfig: Path, lossy: LossyProxy, tmp_path: Path
 ) -> None:
     name = "lost-create"
     kubeconfig = kubeconfig_via(operator_kubeconfig, lossy.server, tmp_path / "kubeconfig")
     lossy.lose_next("POST", ISVCS)
-    with operator(chart_objects, kubeconfig, service_proxy, tmp_path / "operator.log") as op:
+    with start_operator("operator.log", kubeconfig=kubeconfig) as op:
         t0 = time.monotonic()
         cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
         wait_for(lambda: lossy.lost, "the proxy to lose the create's response", timeout_s=60)
@@ -116,17 +110,12 @@ def test_lost_create_response(
 
 
 def test_lost_patch_response(
-    cluster: LocalCluster,
-    chart_objects: list[dict[str, Any]],
-    operator_kubeconfig: Path,
-    service_proxy: ServiceProxy,
-    lossy: LossyProxy,
-    tmp_path: Path,
+    cluster: LocalCluster, start_operator: StartOperator, operator_kubeconfig: Path, lossy: LossyProxy, tmp_path: Path
 ) -> None:
     name = "lost-patch"
     child_path = f"{ISVCS}/{name}"
     kubeconfig = kubeconfig_via(operator_kubeconfig, lossy.server, tmp_path / "kubeconfig")
-    with operator(chart_objects, kubeconfig, service_proxy, tmp_path / "operator.log") as op:
+    with start_operator("operator.log", kubeconfig=kubeconfig) as op:
         cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
         wait_for(lambda: reconciled(cluster, name, 1), "Reconciled at generation 1", timeout_s=120)
         [child] = _children(cluster, name)

@@ -8,12 +8,10 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from clusterkit import (
     NAMESPACE,
-    ServiceProxy,
     alive,
     batched_model_manifest,
     event_reasons,
@@ -21,26 +19,20 @@ from clusterkit import (
     isvc_max_batch,
     isvcs,
     maybe_get,
-    operator,
     reconciled,
 )
 from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
 from batchpilot.devcluster.process import ClusterError
+from conftest import StartOperator
 
 pytestmark = pytest.mark.timeout(420)
 
 
-def test_api_server_restart_mid_watch(
-    cluster: LocalCluster,
-    chart_objects: list[dict[str, Any]],
-    operator_kubeconfig: Path,
-    service_proxy: ServiceProxy,
-    tmp_path: Path,
-) -> None:
+def test_api_server_restart_mid_watch(cluster: LocalCluster, start_operator: StartOperator, tmp_path: Path) -> None:
     name = "survivor"
-    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log") as op:
+    with start_operator("operator.log") as op:
         cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
         first = wait_for(lambda: isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
         wait_for(lambda: reconciled(cluster, name, 1), "Reconciled at generation 1")
@@ -126,18 +118,12 @@ def _hold_status_writes(cluster: LocalCluster, name: str) -> None:
     wait_for(held, "the admission policy to hold status writes", timeout_s=30)
 
 
-def test_operator_killed_mid_reconcile(
-    cluster: LocalCluster,
-    chart_objects: list[dict[str, Any]],
-    operator_kubeconfig: Path,
-    service_proxy: ServiceProxy,
-    tmp_path: Path,
-) -> None:
+def test_operator_killed_mid_reconcile(cluster: LocalCluster, start_operator: StartOperator, tmp_path: Path) -> None:
     name = "interrupted"
     cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
     _hold_status_writes(cluster, name)
     try:
-        with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "first.log") as op:
+        with start_operator("first.log") as op:
             child = wait_for(lambda: isvcs(cluster, name), "the InferenceService", timeout_s=60)[0]
             # The reconcile is stuck between its two writes (kopf retries it): kill the operator there.
             wait_for(lambda: "held by the test" in op.log.read_text(), "the refused status write", timeout_s=60)
@@ -147,7 +133,7 @@ def test_operator_killed_mid_reconcile(
     finally:
         cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "hold-status")
 
-    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "second.log") as op:
+    with start_operator("second.log") as op:
         bm = wait_for(
             lambda: reconciled(cluster, name, 1), "the restarted operator to finish the reconcile", timeout_s=120
         )
@@ -160,16 +146,12 @@ def test_operator_killed_mid_reconcile(
 
 
 def test_garbage_collector_follows_owner_references(
-    cluster: LocalCluster,
-    chart_objects: list[dict[str, Any]],
-    operator_kubeconfig: Path,
-    service_proxy: ServiceProxy,
-    tmp_path: Path,
+    cluster: LocalCluster, start_operator: StartOperator, tmp_path: Path
 ) -> None:
     """With the operator gone (uninstalled, crashed), deleting a BatchedModel still removes everything below
     it: the InferenceService (our ownerReference), then KServe's Deployment and pods (KServe's)."""
     name = "orphaned"
-    with operator(chart_objects, operator_kubeconfig, service_proxy, tmp_path / "operator.log"):
+    with start_operator("operator.log"):
         cluster.kubectl("apply", "-f", "-", stdin=batched_model_manifest(name))
         wait_for(lambda: reconciled(cluster, name, 1), "Reconciled", timeout_s=60)
         wait_for(
