@@ -13,7 +13,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,10 @@ class OperatorProcess:
     proc: subprocess.Popen[bytes]
     health_url: str
     log: Path
+
+
+#: `start_operator(log_name, kubeconfig=None)` (the e2e fixture): the chart's operator for a `with` block.
+StartOperator = Callable[..., contextlib.AbstractContextManager["OperatorProcess"]]
 
 
 @contextlib.contextmanager

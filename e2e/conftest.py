@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from clusterkit import (  # noqa: E402
     CHART_NAMESPACE,
     OperatorProcess,
     ServiceProxy,
+    StartOperator,
     install_chart,
     operator,
     service_account_kubeconfig,
@@ -71,9 +72,6 @@ def operator_kubeconfig(
 def service_proxy() -> Iterator[ServiceProxy]:
     with ServiceProxy() as proxy:
         yield proxy
-
-
-StartOperator = Callable[..., AbstractContextManager[OperatorProcess]]
 
 
 @pytest.fixture()

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 import yaml
-from clusterkit import BIN, ServiceProxy, alive, condition, create_claim, get, maybe_get, wait_isvc_ready
+from clusterkit import BIN, ServiceProxy, StartOperator, alive, condition, create_claim, get, maybe_get, wait_isvc_ready
 from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
@@ -35,7 +35,6 @@ from batchpilot.devcluster.cluster import FAKE_NODE
 from batchpilot.devcluster.process import ClusterError, free_port
 from batchpilot.runtime.demo_models import IMAGE_SIZE, NUM_CLASSES, TEXT_CLASSES, VOCAB_SIZE
 from batchpilot.testing.processes import child_process, get_json
-from conftest import StartOperator
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -16,6 +16,7 @@ import pytest
 from clusterkit import (
     NAMESPACE,
     OperatorProcess,
+    StartOperator,
     alive,
     batched_model_manifest,
     event_reasons,
@@ -29,7 +30,6 @@ from lossyproxy import LossyProxy
 
 from batchpilot.devcluster import LocalCluster
 from batchpilot.operator.mapping import OWNER_LABEL
-from conftest import StartOperator
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from clusterkit import (
     NAMESPACE,
+    StartOperator,
     alive,
     batched_model_manifest,
     event_reasons,
@@ -25,7 +26,6 @@ from kmockkit import wait_for
 
 from batchpilot.devcluster import LocalCluster
 from batchpilot.devcluster.process import ClusterError
-from conftest import StartOperator
 
 pytestmark = pytest.mark.timeout(420)
 
