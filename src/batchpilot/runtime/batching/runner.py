@@ -34,7 +34,8 @@ class BatchRunner:
         self.hang_timeout_s = hang_timeout_s
         self.hung = False
         self.compute_ewma_s = 0.0  # smoothed seconds per model call
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"model-{name}")
+        # One thread per batch in flight (two on a GPU: see Executor.pipeline_depth).
+        self._thread = ThreadPoolExecutor(executor.pipeline_depth, thread_name_prefix=f"model-{name}")
 
     def shutdown(self) -> None:
         self._thread.shutdown(wait=True)
