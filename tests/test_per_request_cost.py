@@ -189,3 +189,82 @@ def test_preserve_ordering_keeps_one_batch_in_flight() -> None:
     spec = cv_spec(preserve_ordering=True)
     assert Executor(spec, Doubler(), torch.device("cpu"), pipeline_depth=2).pipeline_depth == 1
     assert Executor(cv_spec(), Doubler(), torch.device("cpu")).pipeline_depth == 1  # the CPU default
+
+
+def _v1_answer(spec: Any, body: bytes, fast: bool) -> Any:
+    """What the hub makes of a v1 body: the arrays, or the error's type and message."""
+    from batchpilot.runtime.errors import RequestError
+    from batchpilot.runtime.hub import ModelHub
+    from batchpilot.runtime.protocol import v1_codec
+
+    class Limits:
+        max_request_items = 64
+
+    hub = ModelHub(RuntimeMetrics(CollectorRegistry()))
+    original = v1_codec._fast_instances
+    if not fast:
+        v1_codec._fast_instances = lambda spec, body: None  # type: ignore[assignment]
+    try:
+        groups = v1_codec.decode(spec, body)
+        return [hub.build_inputs(spec, Limits(), g) for g in groups]
+    except RequestError as exc:
+        return (type(exc).__name__, exc.message)
+    finally:
+        v1_codec._fast_instances = original  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP16", "FP64"])
+def test_v1_fast_path_answers_as_the_general_path(datatype: str) -> None:
+    import json
+
+    from batchpilot.spec.model import ModelSpec
+
+    spec = ModelSpec.model_validate(
+        {
+            "name": "img",
+            "type": "cv",
+            "inputs": [{"name": "image", "datatype": datatype, "shape": [3, 8, 8]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}],
+            "batching": {"max_batch_size": 64},
+        }
+    )
+    rng = np.random.default_rng(0)
+    good = np.round(rng.standard_normal((2, 3, 8, 8)), 3).tolist()
+    pad = " " * 4096  # past the fast path's minimum size
+    bodies = [
+        {"instances": good},
+        {"instances": [[[[1] * 8] * 8] * 3] * 2},  # integers
+        {"instances": good[:1]},
+        {"instances": [good[0], good[1][:2]]},  # ragged
+        {"instances": [good[0], [[[1.0, [2.0], *[0.0] * 6], *good[1][0][1:]], *good[1][1:]]]},  # nested in a leaf
+        {"instances": [good[0], [[[True] * 8] * 8] * 3]},  # booleans
+        {"instances": [good[0], [[[None] * 8] * 8] * 3]},
+        {"instances": [[[[2**60] * 8] * 8] * 3]},  # past 2**53
+        {"instances": [[[[1e300] * 8] * 8] * 3]},  # out of range for FP32 / FP16
+        {"instances": [[[[70000.0] * 8] * 8] * 3]},
+        {"instances": good, "extra": 1},
+        {"instances": [good[0]] * 65},  # over max_batch_size
+        {"instances": [[[[1.0] * 8] * 8] * 4]},  # wrong shape
+        {"instances": []},
+        {"instances": [[]]},
+        {"instances": [{"image": good[0]}]},
+    ]
+    for doc in bodies:
+        body = (json.dumps(doc) + pad).encode()
+        fast, general = _v1_answer(spec, body, True), _v1_answer(spec, body, False)
+        if isinstance(general, tuple):
+            assert fast == general, doc
+        else:
+            assert not isinstance(fast, tuple), (doc, fast)
+            for a, b in zip(fast, general, strict=True):
+                for name in a:
+                    assert a[name].dtype == b[name].dtype
+                    np.testing.assert_array_equal(a[name], b[name])
+    body = (json.dumps({"instances": good}) + pad).encode()
+    assert v1_codec_fast(spec, body) is not None  # the common body does take the fast path
+
+
+def v1_codec_fast(spec: Any, body: bytes) -> Any:
+    from batchpilot.runtime.protocol import v1_codec
+
+    return v1_codec._fast_instances(spec, body)
