@@ -82,56 +82,81 @@ class BatchObserver:
 
 
 class Observers(BatchObserver):
-    """Fan-out: each event goes to every observer, in order."""
+    """Fan-out: each event goes to every observer, in order (only to those that override it: an event no one
+    handles costs one call, not one per observer)."""
 
     def __init__(self, observers: Sequence[BatchObserver]) -> None:
         self.observers = list(observers)
 
+        def handlers(event: str) -> list[Any]:
+            return [getattr(o, event) for o in self.observers if self._overrides(o, event)]
+
+        self._arrived = handlers("arrived")
+        self._queue_depth = handlers("queue_depth")
+        self._released = handlers("released")
+        self._executed = handlers("executed")
+        self._batch_done = handlers("batch_done")
+        self._finished = handlers("finished")
+        self._finished_batch = [
+            o.finished_batch
+            for o in self.observers
+            if type(o).finished_batch is not BatchObserver.finished_batch
+            or type(o).finished is not BatchObserver.finished
+        ]
+        self._dropped = handlers("dropped")
+        self._params_changed = handlers("params_changed")
+        self._tuned = handlers("tuned")
+        self._health = handlers("health")
+
+    @staticmethod
+    def _overrides(observer: BatchObserver, *events: str) -> bool:
+        return any(getattr(type(observer), e) is not getattr(BatchObserver, e) for e in events)
+
     def arrived(self, request: Pending) -> None:
-        for o in self.observers:
-            o.arrived(request)
+        for handler in self._arrived:
+            handler(request)
 
     def queue_depth(self, depth: int) -> None:
-        for o in self.observers:
-            o.queue_depth(depth)
+        for handler in self._queue_depth:
+            handler(depth)
 
     def released(self, reason: str, slices: Sequence[Slice]) -> None:
-        for o in self.observers:
-            o.released(reason, slices)
+        for handler in self._released:
+            handler(reason, slices)
 
     def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
-        for o in self.observers:
-            o.executed(size, input_s, infer_s, output_s)
+        for handler in self._executed:
+            handler(size, input_s, infer_s, output_s)
 
     def batch_done(self, timings: BatchTimings) -> None:
-        for o in self.observers:
-            o.batch_done(timings)
+        for handler in self._batch_done:
+            handler(timings)
 
     def finished(
         self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
     ) -> None:
-        for o in self.observers:
-            o.finished(request, outcome, queued_s, total_s, timings, now)
+        for handler in self._finished:
+            handler(request, outcome, queued_s, total_s, timings, now)
 
     def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
-        for o in self.observers:
-            o.finished_batch(done, timings, now)
+        for handler in self._finished_batch:
+            handler(done, timings, now)
 
     def dropped(self, request: Pending, outcome: str) -> None:
-        for o in self.observers:
-            o.dropped(request, outcome)
+        for handler in self._dropped:
+            handler(request, outcome)
 
     def params_changed(self, params: TuningParams) -> None:
-        for o in self.observers:
-            o.params_changed(params)
+        for handler in self._params_changed:
+            handler(params)
 
     def tuned(self, slo_feasible: bool, changed: bool) -> None:
-        for o in self.observers:
-            o.tuned(slo_feasible, changed)
+        for handler in self._tuned:
+            handler(slo_feasible, changed)
 
     def health(self, serving: bool) -> None:
-        for o in self.observers:
-            o.health(serving)
+        for handler in self._health:
+            handler(serving)
 
 
 class StatsObserver(BatchObserver):

@@ -7,6 +7,7 @@ batcher can group it with others of similar length).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -67,19 +68,17 @@ def _fast_instances(spec: ModelSpec, body: bytes) -> list[list[Decoded]] | None:
                     return None
                 break
             children: list[Any] = []
-            for a in level:
+            for a in level:  # a non-array here fails len() or, below, as_buffer (numbers and arrays only)
                 if len(a) != size:
                     return None
                 children.extend(a)
-            if not all(isinstance(c, simdjson.Array) for c in children):
-                return None
             level = children
         if body.count(b"[") != arrays:  # an array nested inside a leaf array (its numbers would be flattened)
             return None
         data = np.frombuffer(instances.as_buffer(of_type="d"), dtype=np.float64)
     except (ValueError, TypeError, RuntimeError, IndexError):
         return None
-    if data.size != int(np.prod(shape)):
+    if data.size != math.prod(shape):
         return None
     # An integer past 2**53 is not exact as a float64 (and one past 64 bits is refused by the general path).
     if data.size and (data.max() >= _EXACT or data.min() <= -_EXACT):
