@@ -47,12 +47,12 @@ def static_specs() -> str:
     return json.dumps(specs)
 
 
-def model_stats(port: int, model: str) -> tuple[int, int]:
-    """(successful requests, model compute_infer ns over every execution)."""
+def model_stats(port: int, model: str) -> tuple[int, int, int, int]:
+    """(successful requests, model compute_infer ns over every execution, items, executions)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats") as r:
         s = json.loads(r.read())["model_stats"][0]
     infer = sum(row["compute_infer"]["ns"] for row in s["batch_stats"])
-    return s["inference_stats"]["success"]["count"], infer
+    return s["inference_stats"]["success"]["count"], infer, s["inference_count"], s["execution_count"]
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -189,9 +189,18 @@ def main() -> int:
                     )
                     time.sleep(0.5)
                 threads0 = thread_cpu(proc.pid)
-                cpu0, (n0, infer0), t0 = tree_cpu_seconds(proc.pid), model_stats(http, model), time.perf_counter()
+                cpu0, (n0, infer0, i0, e0), t0 = (
+                    tree_cpu_seconds(proc.pid),
+                    model_stats(http, model),
+                    time.perf_counter(),
+                )
                 run(args.seconds)
-                cpu1, (n1, infer1), t1 = tree_cpu_seconds(proc.pid), model_stats(http, model), time.perf_counter()
+                cpu1, (n1, infer1, i1, e1), t1 = (
+                    tree_cpu_seconds(proc.pid),
+                    model_stats(http, model),
+                    time.perf_counter(),
+                )
+                mean_batch = (i1 - i0) / max(1, e1 - e0)
                 threads1 = thread_cpu(proc.pid)
                 # The model runs in its own thread (one torch thread): the busiest thread but the event loop's.
                 deltas = {tid: threads1[tid] - threads0.get(tid, 0.0) for tid in threads1 if tid != proc.pid}
@@ -217,6 +226,7 @@ def main() -> int:
                     "beyond_model_thread_ms": cpu_ms - model_thread_ms,
                     "event_loop_ms_per_request": loop_ms,
                     "cpu_s_per_1000": cpu_ms,
+                    "mean_batch": mean_batch,
                 }
                 results.append(result)
                 rows.append(
@@ -230,6 +240,7 @@ def main() -> int:
                         f"{model_thread_ms:.3f}",
                         f"{cpu_ms - model_thread_ms:.3f}",
                         f"{loop_ms:.3f}",
+                        f"{mean_batch:.1f}",
                     ]
                 )
                 print(f"  {rows[-1]}", flush=True)
@@ -245,6 +256,7 @@ def main() -> int:
                 "model thread CPU ms/req",
                 "beyond the model thread",
                 "event loop CPU ms/req",
+                "mean batch",
             ],
             rows,
         )
