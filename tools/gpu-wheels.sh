@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Fetch, here, the wheels tools/gpu-check.sh needs on the lent GPU machine (Python 3.12, no registry there):
 # the runtime's dependency closure at the versions this venv holds, less what that machine's image already has
-# (the package list in the device library's KINDS.md, kept below). They land in .whl/ (git-ignored through
-# .git/info/exclude), which the device run carries. grpcio and protobuf travel too although the image has them:
+# (the package list in the device library's KINDS.md, kept below). They land in .whl/ (ignored by git through its
+# own .gitignore), which the device run carries. grpcio and protobuf travel too although the image has them:
 # kserve's generated protobuf code needs the versions it was generated for.
 # Usage: tools/gpu-wheels.sh [python]    (the venv's python by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-.venv/bin/python}
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>"$(git rev-parse --git-common-dir)/info/exclude"
 mkdir -p .whl
+echo '*' >.whl/.gitignore
 # What the device image already holds (KINDS.md, nvidia-h200, read 2026-11-17).
 ON_DEVICE="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi
 charset-normalizer click cloudpickle filelock frozenlist fsspec h11 httpcore httpx idna iniconfig jinja2
