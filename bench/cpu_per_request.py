@@ -87,16 +87,20 @@ def wrk_run(url: str, body: bytes, headers: dict[str, str], connections: int, se
 
 
 def grpc_run(model: str, port: int, connections: int, seconds: float) -> None:
-    from batchpilot.testing.perfa import run_perf_analyzer
+    from batchpilot.testing.perfa import PerfAnalyzerError, run_perf_analyzer
 
     window = str(int(seconds * 1000 / 3))
-    run_perf_analyzer(
-        model,
-        f"127.0.0.1:{port}",
-        "grpc",
-        [connections, connections, 1],
-        ["-p", window, "-s", "50", "--max-trials", "3"],
-    )
+    try:
+        run_perf_analyzer(
+            model,
+            f"127.0.0.1:{port}",
+            "grpc",
+            [connections, connections, 1],
+            ["-p", window, "-s", "50", "--max-trials", "3"],
+            require_stable=False,
+        )
+    except PerfAnalyzerError as exc:  # it ran the load all the same; only its own figures are missing
+        print(f"  perf_analyzer: {str(exc).splitlines()[0][:100]}", flush=True)
 
 
 def make_run(

@@ -81,7 +81,7 @@ def _fast_instances(spec: ModelSpec, body: bytes) -> list[list[Decoded]] | None:
     if data.size != math.prod(shape):
         return None
     # An integer past 2**53 is not exact as a float64 (and one past 64 bits is refused by the general path).
-    if data.size and (data.max() >= _EXACT or data.min() <= -_EXACT):
+    if data.size and np.abs(data).max() >= _EXACT:
         return None
     t = spec.inputs[0]
     return [[(RawInput(t.name, t.datatype, tuple(shape)), data)]]
