@@ -40,12 +40,15 @@ from models import write_bench_models
 
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
-from batchpilot.testing.perfa import run_perf_analyzer
+from batchpilot.testing.perfa import PerfAnalyzerError, run_perf_analyzer
 from batchpilot.testing.requests import perf_analyzer_token_data, v2_binary_body
 
 CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 NLP_MEAN_LENGTH = 36  # the perf_analyzer data holds 8..64 tokens per request
+KEEP_MARKER = "<!-- kept by runtime_bench.py: everything below -->"
+SERVED_RAW_TARGET = 0.9  # issue 13
+GAIN_TARGET = 0.9
 
 
 def stats(port: int, model: str) -> tuple[int, int]:
@@ -84,7 +87,7 @@ def static_specs() -> str:
     return json.dumps(specs)
 
 
-def sweep_section(repo: Path, work: Path, quick: bool) -> dict[tuple[str, str], list[dict]]:
+def sweep_section(repo: Path, work: Path, quick: bool, protocol: str = "http") -> dict[tuple[str, str], list[dict]]:
     """perf_analyzer, one concurrency level per run so each level's mean batch size can be read."""
     levels = [1, 8, 32] if quick else CONCURRENCY
     window = ["-p", "1500" if quick else "2500", "-s", "15", "--max-trials", "8"]
@@ -94,12 +97,18 @@ def sweep_section(repo: Path, work: Path, quick: bool) -> dict[tuple[str, str], 
     }
     results: dict[tuple[str, str], list[dict]] = {}
     for mode, extra in (("batching", ()), ("no batching", ("--no-batching",))):
-        with batchpilot_server(repo, *extra, env={SPECS_ENV: static_specs()}) as (port, _):
+        with batchpilot_server(repo, *extra, env={SPECS_ENV: static_specs()}) as (port, grpc_port):
             for model in ("resnet-mini", "textcls"):
                 rows = []
                 for c in levels:
                     before = stats(port, model)
-                    row = run_perf_analyzer(model, f"127.0.0.1:{port}", "http", [c, c, 1], [*data[model], *window])[0]
+                    url = f"127.0.0.1:{port if protocol == 'http' else grpc_port}"
+                    try:
+                        row = run_perf_analyzer(model, url, protocol, [c, c, 1], [*data[model], *window])[0]
+                    except PerfAnalyzerError as exc:  # a busy machine: once more, with a looser stability bound
+                        print(f"  {model} c={c}: {str(exc).splitlines()[0][:80]}; retrying with -s 40", flush=True)
+                        looser = ["-p", window[1], "-s", "40", "--max-trials", "10"]
+                        row = run_perf_analyzer(model, url, protocol, [c, c, 1], [*data[model], *looser])[0]
                     after = stats(port, model)
                     row["mean_batch"] = (after[0] - before[0]) / max(1, after[1] - before[1])
                     rows.append(row)
@@ -211,6 +220,7 @@ def plot(raw: dict[str, dict[int, float]], sweep: dict[tuple[str, str], list[dic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer levels, shorter windows")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http", help="perf_analyzer's, for the sweep")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -222,7 +232,7 @@ def main() -> int:
         print("1. the model alone ...", flush=True)
         raw = raw_section()
         print("2. perf_analyzer sweeps ...", flush=True)
-        sweep = sweep_section(repo, work, args.quick)
+        sweep = sweep_section(repo, work, args.quick, args.protocol)
         print("3-4. serving stack vs stock KServe (wrk) ...", flush=True)
         stack = stack_section(repo, work, args.quick)
 
@@ -253,10 +263,10 @@ def main() -> int:
         served_gain = best_on["infer_per_s"] / max(r["infer_per_s"] for r in off)
         raw_gain = interpolate(raw[model], best_on["mean_batch"]) / raw[model][1]
         verdicts.append(
-            f"- {model}: served/raw at concurrency >= 32 (2x max batch 16): {ratio:.2f} (target >= 0.85: "
-            f"{'met' if ratio >= 0.85 else 'NOT met'}); batching gain served {served_gain:.2f}x vs raw gain "
-            f"{raw_gain:.2f}x at batch {best_on['mean_batch']:.1f} = {served_gain / raw_gain:.2f} "
-            f"(target >= 0.8: {'met' if served_gain / raw_gain >= 0.8 else 'NOT met'})"
+            f"- {model}: served/raw at concurrency >= 32 (2x max batch 16): {ratio:.2f} (target >= {SERVED_RAW_TARGET}: "
+            f"{'met' if ratio >= SERVED_RAW_TARGET else 'NOT met'}); batching gain served {served_gain:.2f}x vs raw "
+            f"gain {raw_gain:.2f}x at batch {best_on['mean_batch']:.1f} = {served_gain / raw_gain:.2f} "
+            f"(target >= {GAIN_TARGET}: {'met' if served_gain / raw_gain >= GAIN_TARGET else 'NOT met'})"
         )
     sweep_table = table(
         [
@@ -302,7 +312,7 @@ def main() -> int:
             f"load generator on core {CLIENT_CPU}. Command: `.venv/bin/python bench/runtime_bench.py{' --quick' if args.quick else ''}`.",
             "## The model alone (items/s, one thread)",
             raw_table,
-            "## perf_analyzer over HTTP, batching (static 16 / 2 ms) vs none",
+            f"## perf_analyzer over {'HTTP' if args.protocol == 'http' else 'gRPC'}, batching (static 16 / 2 ms) vs none",
             sweep_table,
             "## Serving stack vs stock KServe 0.21 (same wrk client)",
             stack_table,
@@ -311,7 +321,11 @@ def main() -> int:
             "![throughput vs concurrency](runtime.png)",
         ]
     )
-    (args.out / "runtime.md").write_text(page + "\n")
+    # A hand-written part after the marker (issue 13's before/after table and profiles) survives a rerun.
+    target = args.out / "runtime.md"
+    old = target.read_text() if target.exists() else ""
+    kept = old[old.index(KEEP_MARKER) :] if KEEP_MARKER in old else ""
+    target.write_text(page + "\n" + ("\n" + kept if kept else ""))
     print("\n" + page)
     return 0
 

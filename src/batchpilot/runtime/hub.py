@@ -124,7 +124,7 @@ class ModelHub:
     # -- inference ------------------------------------------------------------------------------------------
     def build_inputs(self, spec: ModelSpec, limits: Limits, decoded: Sequence[Decoded]) -> dict[str, np.ndarray]:
         check_complete(spec, [raw.name for raw, _ in decoded])
-        kind = kind_for(spec)
+        kind = getattr(limits, "kind", None) or kind_for(spec)  # a batcher holds its model's kind
         arrays: dict[str, np.ndarray] = {}
         for raw, data in decoded:
             check_input(spec, raw, limits.max_request_items)

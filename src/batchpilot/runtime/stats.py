@@ -36,8 +36,8 @@ class _Duration:
         self.count = 0
         self.ns = 0
 
-    def add(self, ns: int) -> None:
-        self.count += 1
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
         self.ns += int(ns)
 
     def to_json(self) -> dict[str, int]:
@@ -71,6 +71,27 @@ class ModelStats:
             stats["compute_input"].add(compute_input_ns)
             stats["compute_infer"].add(compute_infer_ns)
             stats["compute_output"].add(compute_output_ns)
+            self._last_inference_ms = now_ms
+
+    def record_successes(
+        self,
+        count: int,
+        queue_ns: int,
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+        total_ns: int,
+    ) -> None:
+        """`count` requests of one batch answered successfully, at once: `queue_ns` and `total_ns` are their
+        sums, the compute figures each request's share of the batch (as `record_success`, `count` times)."""
+        now_ms = time.time_ns() // 1_000_000
+        stats = self._inference
+        with self._lock:
+            stats["success"].add(total_ns, count)
+            stats["queue"].add(queue_ns, count)
+            stats["compute_input"].add(compute_input_ns * count, count)
+            stats["compute_infer"].add(compute_infer_ns * count, count)
+            stats["compute_output"].add(compute_output_ns * count, count)
             self._last_inference_ms = now_ms
 
     def record_failure(self, total_ns: int) -> None:

@@ -66,7 +66,7 @@ class Batcher:
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
-        self._busy = False
+        self._in_flight = 0  # batches released and not yet answered (at most executor.pipeline_depth)
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
         self.observers.params_changed(self.params)
@@ -104,7 +104,7 @@ class Batcher:
         """Refuse new requests, answer every accepted one, then stop."""
         self._draining = True
         self._poke()
-        while self.queue or self._busy:
+        while self.queue or self._in_flight:
             await asyncio.sleep(0.01)
         for task in self._tasks:
             task.cancel()
@@ -149,6 +149,11 @@ class Batcher:
             self._poke()
         return request.future
 
+    @property
+    def _busy(self) -> bool:
+        """No room for another batch in flight: the next waits for the model."""
+        return self._in_flight >= self.executor.pipeline_depth
+
     def _timed_out(self, request: Pending) -> None:
         """The queue failed a request whose timeout expired (REJECT)."""
         self.observers.queue_depth(len(self.queue))
@@ -189,7 +194,7 @@ class Batcher:
                     reason,
                     len(self.queue),
                 )
-            self._busy = True
+            self._in_flight += 1
             self.loop.create_task(self._execute(slices))
 
     def _release_reason(self, now: float) -> tuple[str | None, float | None]:
@@ -220,7 +225,7 @@ class Batcher:
         try:
             await self.runner.run(slices)
         finally:
-            self._busy = False
+            self._in_flight -= 1
             self._poke()
 
     # -- tuning -----------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ The batcher tells one `BatchObserver` (a fan-out over all of them) what happens,
 - `executed`: one model call of `size` items ran, with its input/infer/output seconds;
 - `batch_done`: a batch finished (its token counts, for padding efficiency);
 - `finished`: a request left with an answer or an error of its own (outcome success, error, invalid);
+  a batch's answers arrive together as one `finished_batch` (by default: `finished` for each), so an
+  observer that can aggregate pays once per batch, not once per request;
 - `dropped`: a request left without one (outcome timeout, or error when the model hangs);
 - `params_changed`: the batching parameters in force changed;
 - `tuned`: the tuner looked at the figures (whether the SLO is feasible, whether it moved the parameters);
@@ -17,16 +19,25 @@ Each observer overrides the events it cares about; the rest do nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from batchpilot.runtime.autotuner import TuningParams
 from batchpilot.runtime.batching.executor import BatchTimings
 from batchpilot.runtime.batching.request import Pending, Slice
 from batchpilot.runtime.batching.window import RecentWindow
-from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.metrics import OUTCOMES, RuntimeMetrics, observe_many
 from batchpilot.runtime.stats import ModelStats
 
 NS = 1e9
+
+
+class Finished(NamedTuple):
+    """One request that left with an answer or an error of its own."""
+
+    request: Pending
+    outcome: str
+    queued_s: float
+    total_s: float
 
 
 class BatchObserver:
@@ -52,6 +63,11 @@ class BatchObserver:
     ) -> None:
         """`now` is the loop's clock (what the recent window counts in)."""
 
+    def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
+        """The requests one batch answered, together; by default each is `finished` in turn."""
+        for f in done:
+            self.finished(f.request, f.outcome, f.queued_s, f.total_s, timings, now)
+
     def dropped(self, request: Pending, outcome: str) -> None:
         pass
 
@@ -66,52 +82,81 @@ class BatchObserver:
 
 
 class Observers(BatchObserver):
-    """Fan-out: each event goes to every observer, in order."""
+    """Fan-out: each event goes to every observer, in order (only to those that override it: an event no one
+    handles costs one call, not one per observer)."""
 
     def __init__(self, observers: Sequence[BatchObserver]) -> None:
         self.observers = list(observers)
 
+        def handlers(event: str) -> list[Any]:
+            return [getattr(o, event) for o in self.observers if self._overrides(o, event)]
+
+        self._arrived = handlers("arrived")
+        self._queue_depth = handlers("queue_depth")
+        self._released = handlers("released")
+        self._executed = handlers("executed")
+        self._batch_done = handlers("batch_done")
+        self._finished = handlers("finished")
+        self._finished_batch = [
+            o.finished_batch
+            for o in self.observers
+            if type(o).finished_batch is not BatchObserver.finished_batch
+            or type(o).finished is not BatchObserver.finished
+        ]
+        self._dropped = handlers("dropped")
+        self._params_changed = handlers("params_changed")
+        self._tuned = handlers("tuned")
+        self._health = handlers("health")
+
+    @staticmethod
+    def _overrides(observer: BatchObserver, *events: str) -> bool:
+        return any(getattr(type(observer), e) is not getattr(BatchObserver, e) for e in events)
+
     def arrived(self, request: Pending) -> None:
-        for o in self.observers:
-            o.arrived(request)
+        for handler in self._arrived:
+            handler(request)
 
     def queue_depth(self, depth: int) -> None:
-        for o in self.observers:
-            o.queue_depth(depth)
+        for handler in self._queue_depth:
+            handler(depth)
 
     def released(self, reason: str, slices: Sequence[Slice]) -> None:
-        for o in self.observers:
-            o.released(reason, slices)
+        for handler in self._released:
+            handler(reason, slices)
 
     def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
-        for o in self.observers:
-            o.executed(size, input_s, infer_s, output_s)
+        for handler in self._executed:
+            handler(size, input_s, infer_s, output_s)
 
     def batch_done(self, timings: BatchTimings) -> None:
-        for o in self.observers:
-            o.batch_done(timings)
+        for handler in self._batch_done:
+            handler(timings)
 
     def finished(
         self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
     ) -> None:
-        for o in self.observers:
-            o.finished(request, outcome, queued_s, total_s, timings, now)
+        for handler in self._finished:
+            handler(request, outcome, queued_s, total_s, timings, now)
+
+    def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
+        for handler in self._finished_batch:
+            handler(done, timings, now)
 
     def dropped(self, request: Pending, outcome: str) -> None:
-        for o in self.observers:
-            o.dropped(request, outcome)
+        for handler in self._dropped:
+            handler(request, outcome)
 
     def params_changed(self, params: TuningParams) -> None:
-        for o in self.observers:
-            o.params_changed(params)
+        for handler in self._params_changed:
+            handler(params)
 
     def tuned(self, slo_feasible: bool, changed: bool) -> None:
-        for o in self.observers:
-            o.tuned(slo_feasible, changed)
+        for handler in self._tuned:
+            handler(slo_feasible, changed)
 
     def health(self, serving: bool) -> None:
-        for o in self.observers:
-            o.health(serving)
+        for handler in self._health:
+            handler(serving)
 
 
 class StatsObserver(BatchObserver):
@@ -137,6 +182,22 @@ class StatsObserver(BatchObserver):
             int(total_s * NS),
         )
 
+    def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
+        ok = [f for f in done if f.outcome == "success"]
+        if len(ok) != len(done):
+            for f in done:
+                if f.outcome != "success":
+                    self.stats.record_failure(int(f.total_s * NS))
+        if ok:
+            self.stats.record_successes(
+                len(ok),
+                sum(int(f.queued_s * NS) for f in ok),
+                int(timings.input_s * NS),
+                int(timings.infer_s * NS),
+                int(timings.output_s * NS),
+                sum(int(f.total_s * NS) for f in ok),
+            )
+
 
 class RecentObserver(BatchObserver):
     """Latency and throughput of the last seconds (what the operator shows in status)."""
@@ -149,6 +210,9 @@ class RecentObserver(BatchObserver):
     ) -> None:
         if outcome == "success":
             self.window.add(now, total_s, request.n)
+
+    def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
+        self.window.add_many(now, [(f.total_s, f.request.n) for f in done if f.outcome == "success"])
 
 
 class MetricsObserver(BatchObserver):
@@ -175,6 +239,7 @@ class MetricsObserver(BatchObserver):
             "ready": m.model_ready,
         }
         self._m = {name: metric.labels(model=model) for name, metric in labelled.items()}
+        self._outcomes = {outcome: metrics.requests.labels(model=model, outcome=outcome) for outcome in OUTCOMES}
 
     def slo(self, seconds: float) -> None:
         self._m["slo"].set(seconds)
@@ -203,11 +268,25 @@ class MetricsObserver(BatchObserver):
             self._m["latency"].observe(total_s)
         self._outcome(outcome)
 
+    def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
+        ok = [f for f in done if f.outcome == "success"]
+        if ok:
+            observe_many(self._m["queue_wait"], [f.queued_s for f in ok])
+            observe_many(self._m["latency"], [f.total_s for f in ok])
+            self._outcomes["success"].inc(len(ok))
+        if len(ok) != len(done):
+            for f in done:
+                if f.outcome != "success":
+                    self._outcome(f.outcome)
+
     def dropped(self, request: Pending, outcome: str) -> None:
         self._outcome(outcome)
 
     def _outcome(self, outcome: str) -> None:
-        self.metrics.requests.labels(model=self.model, outcome=outcome).inc()
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = self.metrics.requests.labels(model=self.model, outcome=outcome)
+        child.inc()
 
     def params_changed(self, params: TuningParams) -> None:
         self._m["max_batch"].set(params.max_batch_size)

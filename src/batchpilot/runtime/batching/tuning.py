@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
 from batchpilot.runtime.batching.executor import BatchTimings
-from batchpilot.runtime.batching.observers import BatchObserver
+from batchpilot.runtime.batching.observers import BatchObserver, Finished
 from batchpilot.runtime.batching.request import Pending
 from batchpilot.spec.contracts import AutotuneState
 from batchpilot.spec.model import ModelSpec
@@ -70,6 +70,12 @@ class AutoTuner(StaticTuner):
     ) -> None:
         if outcome == "success":
             self.autotuner.record_request(total_s, queued_s, self.clock())
+
+    def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
+        at = self.clock()
+        for f in done:
+            if f.outcome == "success":
+                self.autotuner.record_request(f.total_s, f.queued_s, at)
 
     def dropped(self, request: Pending, outcome: str) -> None:
         """An admitted request leaves without an answer: stop counting it as in flight."""

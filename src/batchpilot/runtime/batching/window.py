@@ -16,6 +16,12 @@ class RecentWindow:
         self._samples.append((now, latency_s, items))
         self._prune(now)
 
+    def add_many(self, now: float, answers: list[tuple[float, int]]) -> None:
+        """Several answers at once: (latency_s, items) each."""
+        if answers:
+            self._samples.extend((now, latency_s, items) for latency_s, items in answers)
+            self._prune(now)
+
     def _prune(self, now: float) -> None:
         while self._samples and self._samples[0][0] < now - self.window_s:
             self._samples.popleft()

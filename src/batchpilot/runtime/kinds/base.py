@@ -8,7 +8,7 @@ back per request), and a kind overrides only what it does differently.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -18,6 +18,9 @@ from batchpilot.runtime.batching.request import Outputs, Slice
 from batchpilot.runtime.errors import InvalidRequest
 from batchpilot.runtime.tensors import NUMPY_DTYPES, Decoded, RawInput
 from batchpilot.spec.model import ModelSpec
+
+#: Where a kind may collate a batch: `take(position, shape, dtype)` is an array over a reused host buffer.
+Take = Callable[[int, tuple[int, ...], np.dtype], np.ndarray]
 
 
 class TokenCount(Protocol):
@@ -47,6 +50,10 @@ class ModelKind(Protocol):
 
     def collate(self, parts: Sequence[dict[str, np.ndarray]], tokens: TokenCount) -> list[np.ndarray]:
         """One model call's positional arguments from the slices' inputs (each [k, ...])."""
+
+    def collate_into(self, parts: Sequence[dict[str, np.ndarray]], tokens: TokenCount, take: Take) -> list[np.ndarray]:
+        """`collate`, into the arrays `take` gives (the batch's reused host buffers): each row copied once.
+        Optional: a kind without it is collated, then copied into the buffers."""
 
     def split(self, part: Sequence[Slice], output_names: Sequence[str], arrays: Sequence[np.ndarray]) -> list[Outputs]:
         """Each slice's share of the model's outputs (each [batch, ...]), in slice order."""
@@ -82,6 +89,16 @@ class StackedKind:
         if len(parts) == 1:
             return [parts[0][t.name] for t in self.spec.inputs]
         return [np.concatenate([p[t.name] for p in parts]) for t in self.spec.inputs]
+
+    def collate_into(self, parts: Sequence[dict[str, np.ndarray]], tokens: TokenCount, take: Take) -> list[np.ndarray]:
+        out = []
+        for i, t in enumerate(self.spec.inputs):
+            pieces = [p[t.name] for p in parts]
+            rows = sum(piece.shape[0] for piece in pieces)
+            buffer = take(i, (rows, *pieces[0].shape[1:]), pieces[0].dtype)
+            np.concatenate(pieces, out=buffer)
+            out.append(buffer)
+        return out
 
     def trim(self, name: str, piece: np.ndarray, slice_: Slice) -> np.ndarray:
         """One output of one slice, as the client gets it (a kind that pads cuts the padding off here)."""

@@ -16,7 +16,7 @@ import numpy as np
 from batchpilot.runtime.batching.policy import BatchPolicy, LengthGroupPolicy
 from batchpilot.runtime.batching.request import Slice
 from batchpilot.runtime.errors import InvalidRequest
-from batchpilot.runtime.kinds.base import StackedKind, TokenCount
+from batchpilot.runtime.kinds.base import StackedKind, Take, TokenCount
 from batchpilot.runtime.tensors import Decoded, RawInput
 from batchpilot.spec.model import ModelSpec
 
@@ -45,12 +45,17 @@ class NlpKind(StackedKind):
         return int(next(iter(inputs.values())).shape[1])
 
     def collate(self, parts: Sequence[dict[str, np.ndarray]], tokens: TokenCount) -> list[np.ndarray]:
+        return self.collate_into(parts, tokens, lambda i, shape, dtype: np.empty(shape, dtype))
+
+    def collate_into(self, parts: Sequence[dict[str, np.ndarray]], tokens: TokenCount, take: Take) -> list[np.ndarray]:
         name = self.spec.inputs[0].name
         rows = [p[name] for p in parts]
         total = sum(r.shape[0] for r in rows)
         longest = max(r.shape[1] for r in rows)
-        ids = np.full((total, longest), self.spec.sequence.pad_value, dtype=np.int64)
-        mask = np.zeros((total, longest), dtype=np.int64)
+        ids = take(0, (total, longest), np.dtype(np.int64))
+        ids.fill(self.spec.sequence.pad_value)
+        mask = take(1, (total, longest), np.dtype(np.int64))
+        mask.fill(0)
         row = 0
         for r in rows:
             ids[row : row + r.shape[0], : r.shape[1]] = r

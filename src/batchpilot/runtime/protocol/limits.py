@@ -34,6 +34,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from batchpilot.runtime.protocol.one_send import OneSendTransport
+
 log = logging.getLogger("batchpilot.limits")
 
 #: Why the server closed a connection (label `reason`): too slow or idle, or past a limit.
@@ -161,7 +163,11 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
 
         def on_headers_complete(self) -> None:
             self._arm("body", limits.body_timeout_s)
+            previous = self.cycle
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle is not previous:
+                cycle.transport = OneSendTransport(self.transport, cycle)  # type: ignore[assignment]
 
         def on_message_complete(self) -> None:
             self._disarm()

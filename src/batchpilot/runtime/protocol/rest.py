@@ -156,7 +156,14 @@ class RestFrontend:
         body = await self._body(scope, receive)
         spec = self.hub.spec(model)
         groups = v1_codec.decode(spec, body)
-        results = await asyncio.gather(*(self.hub.infer(model, g) for g in groups), return_exceptions=True)
+        results: list[Any]
+        if len(groups) == 1:  # one request (a stacked model's instances): no task to gather
+            try:
+                results = [await self.hub.infer(model, groups[0])]
+            except Exception as exc:
+                results = [exc]
+        else:
+            results = await asyncio.gather(*(self.hub.infer(model, g) for g in groups), return_exceptions=True)
         answers = []
         for result in results:
             if isinstance(result, BaseException):
