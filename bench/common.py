@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from batchpilot.runtime.demo_models import build_demo_modules
 from batchpilot.testing.loadgen import _read_response
 from batchpilot.testing.processes import child_process, free_port, serving
 
@@ -90,6 +91,16 @@ class WrkResult:
 def _ms(text: str) -> float:
     value, unit = re.fullmatch(r"([0-9.]+)(us|ms|s)", text).groups()
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def static_specs() -> str:
+    """BATCHPILOT_MODEL_SPECS for the demo models with the autotuner off (fixed parameters to compare)."""
+    specs = []
+    for spec, _ in build_demo_modules().values():
+        doc = spec.model_dump(mode="json", by_alias=True)
+        doc["autotune"]["enabled"] = False
+        specs.append(doc)
+    return json.dumps(specs)
 
 
 def wrk(

@@ -29,22 +29,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CLIENT_CPU, SERVER_CPU, pinned, table, tree_cpu_seconds
+from common import CLIENT_CPU, SERVER_CPU, pinned, static_specs, table, tree_cpu_seconds, wrk
 from models import write_bench_models
 
-from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
+from batchpilot.runtime.demo_models import write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
 from batchpilot.testing.processes import child_process, free_port, ready_url, serve_command
 from batchpilot.testing.requests import v2_binary_body
-
-
-def static_specs() -> str:
-    specs = []
-    for spec, _ in build_demo_modules().values():
-        doc = spec.model_dump(mode="json", by_alias=True)
-        doc["autotune"]["enabled"] = False
-        specs.append(doc)
-    return json.dumps(specs)
 
 
 def model_stats(port: int, model: str) -> tuple[int, int, int, int]:
@@ -70,20 +61,9 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 
 def wrk_run(url: str, body: bytes, headers: dict[str, str], connections: int, seconds: float, work: Path) -> None:
-    body_path = work / "body.bin"
-    body_path.write_bytes(body)
-    script = work / "post.lua"
-    lines = ['wrk.method = "POST"', f'local f = io.open("{body_path}", "rb")', "wrk.body = f:read('*all')", "f:close()"]
-    lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items()]
-    script.write_text("\n".join(lines) + "\n")
-    out = subprocess.run(
-        pinned(CLIENT_CPU, ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script), url]),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    if "Non-2xx" in out:
-        raise RuntimeError(f"errors under load:\n{out}")
+    result = wrk(url, body, headers, connections=connections, duration_s=max(1, round(seconds)), workdir=work)
+    if result.errors:
+        raise RuntimeError(f"{result.errors} errors under load from {url}")
 
 
 def grpc_run(model: str, port: int, connections: int, seconds: float) -> None:

@@ -31,6 +31,7 @@ from common import (
     SERVER_CPU,
     batchpilot_server,
     raw_throughput,
+    static_specs,
     stock_kserve_server,
     table,
     v2_json_body,
@@ -76,15 +77,6 @@ def raw_section() -> dict[str, dict[int, float]]:
         rates[name] = raw_throughput(scripted, make, BATCHES)
     os.sched_setaffinity(0, {int(CLIENT_CPU)})
     return rates
-
-
-def static_specs() -> str:
-    specs = []
-    for spec, _ in build_demo_modules().values():
-        doc = spec.model_dump(mode="json", by_alias=True)
-        doc["autotune"]["enabled"] = False
-        specs.append(doc)
-    return json.dumps(specs)
 
 
 def sweep_section(repo: Path, work: Path, quick: bool, protocol: str = "http") -> dict[tuple[str, str], list[dict]]:
