@@ -13,6 +13,11 @@ Prediction error measured here (Poisson loads on CPU-like and GPU-like d(n), the
   when the SLO is below one batch's time; 7% over capacity, where settings of the largest size differ
   only by the simulator's service noise) and its throughput within 5% of the most;
 - infeasible is reported exactly when no static setting meets the SLO in the simulator.
+
+Closed loop (`predict_closed`: a population of clients with exponential think times), against the
+simulator over 8 s after 2 s, 8 cases of 1-64 clients on the three models, the same 35 settings:
+throughput within 4.2% (95% of settings within 1.4%; asserted: 6%), p99 within 9% (median 0.8%, 95%
+within 3.7%; asserted: 12%).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from functools import cache
 import pytest
 
 from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
-from batchpilot.runtime.batch_planner import Plan, candidate_grid, plan, predict_candidate
-from batchpilot.testing.queue_sim import BatcherSim, LinearLatency, Poisson
+from batchpilot.runtime.batch_planner import Plan, candidate_grid, plan, plan_closed, predict_candidate, predict_closed
+from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Poisson
 
 CPU = LinearLatency(a_s=0.4e-3, b_s=1.2e-3, noise=0.1)  # the demo CNN on one core: capacity 625-2,388 items/s
 GPU = LinearLatency(a_s=0.05e-3, b_s=4e-3, noise=0.1)  # launch-bound: capacity 250-8,889 items/s
@@ -168,3 +173,34 @@ def test_candidate_grid_stays_in_bounds() -> None:
     assert sorted({p.max_batch_size for p in grid}) == [3, 4, 8, 16, 32, 48]
     assert sorted({p.max_queue_delay_s for p in grid}) == [0.0005, 0.001, 0.002, 0.003]
     assert candidate_grid(1, 1, 0.0, 0.0) == [TuningParams(1, 0.0)]
+
+
+# -- closed loop ----------------------------------------------------------------------------------
+CLOSED = [("cpu", 1, 0.001), ("cpu", 4, 0.001), ("cpu", 16, 0.002), ("cpu", 64, 0.001), ("gpu", 8, 0.002),
+          ("gpu", 32, 0.001), ("gpu", 64, 0.005), ("slow", 4, 0.01)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "clients", "think_s"), CLOSED, ids=[f"{m}-{c}-clients" for m, c, _ in CLOSED])
+def test_closed_loop_predictions_against_the_simulator(model: str, clients: int, think_s: float) -> None:
+    latency = MODELS[model]
+    preds = predict_closed(GRID, fit_of(latency), clients, think_s, service_sigma=latency.noise)
+    for c in preds:
+        sim = BatcherSim(latency, ClosedLoop(clients, think_s), c.params, seed=1)
+        sim.run_until(10.0)
+        real = sim.stats(2.0, 10.0)
+        assert c.items_per_s == pytest.approx(real.throughput_rps, rel=0.06), c.params
+        assert c.p99_s == pytest.approx(real.p99_s, rel=0.12), c.params
+
+
+def test_closed_loop_pick_and_limits() -> None:
+    """More clients than the size limit: the largest batches win; a size limit above the population
+    waits out its delay every time (nobody else comes), which the model must not confuse with a full
+    batch; an SLO below one round trip is infeasible."""
+    fit = fit_of(CPU)
+    p = plan_closed(fit, 64, 0.001, 0.05, GRID)
+    assert p.feasible and p.params.max_batch_size >= 32
+    alone = predict_closed([TuningParams(1, 0.0), TuningParams(8, 0.004)], fit, 1, 0.001)
+    assert alone[1].mean_s == pytest.approx(alone[0].mean_s + 0.004, rel=0.02)
+    assert not plan_closed(fit, 64, 0.001, 0.005, GRID).feasible
+    with pytest.raises(ValueError):
+        predict_closed(GRID, fit, 0, 0.001)

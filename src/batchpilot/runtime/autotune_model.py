@@ -51,6 +51,28 @@ def fit_batch_latency(sizes: np.ndarray, times: np.ndarray) -> LatencyFit | None
 
 
 @dataclass(frozen=True)
+class Workload:
+    """The load as one epoch shows it (see `read_workload`)."""
+
+    closed: bool  # a fixed population of clients: the setting decides the rate
+    arrival_rate: float  # items/s
+    clients: int  # the population: the most items seen in the server at once
+    think_s: float  # a client's mean time outside the server per round trip (inf without load)
+
+
+def read_workload(m: Measurement) -> Workload:
+    """Closed loop or open, from Little's law: `clients` items (the peak in the server) cycle at the
+    arrival rate, so each spends clients / rate per round trip, `mean_s` of it in the server and the
+    rest outside. A closed loop's clients wait on the server most of the time (think <= time inside);
+    an open loop's arrivals see a server that is mostly emptier than its peak."""
+    rate, clients = m.arrival_rate, max(1, m.peak_in_server)
+    if rate <= 0 or not math.isfinite(m.mean_s):
+        return Workload(False, rate, clients, math.inf)
+    think = max(0.0, clients / rate - m.mean_s)
+    return Workload(think <= m.mean_s, rate, clients, think)
+
+
+@dataclass(frozen=True)
 class Prediction:
     p99_s: float
     floor_s: float  # the window plus one typical batch, without queueing or spread: the best case
@@ -114,11 +136,14 @@ class Epoch:
     largest_batch: int = 0
     batches: int = 0
     full_batches: int = 0  # batches that reached the size limit
+    peak_in_server: int = 0  # most items in the server at once (seen at arrivals)
 
-    def add_arrival(self, n_items: int, others_present: bool, now: float) -> None:
+    def add_arrival(self, n_items: int, in_server: int, now: float) -> None:
+        """`in_server`: items in the server before these arrived."""
         if now >= self.settled_at:
             self.items_arrived += n_items
-            self.accompanied += n_items if others_present else 0
+            self.accompanied += n_items if in_server > 0 else 0
+            self.peak_in_server = max(self.peak_in_server, in_server + n_items)
 
     def add_batch(self, size: int, compute_s: float, now: float) -> None:
         if now >= self.settled_at:
@@ -164,6 +189,7 @@ class Epoch:
             utilization=self.busy_s / duration,
             largest_batch=self.largest_batch,
             full_share=self.full_batches / self.batches if self.batches else 0.0,
+            peak_in_server=self.peak_in_server,
         )
 
 
@@ -182,3 +208,4 @@ class Measurement:
     utilization: float
     largest_batch: int
     full_share: float = 0.0  # share of batches that reached the size limit
+    peak_in_server: int = 0

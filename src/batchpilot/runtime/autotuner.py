@@ -4,21 +4,24 @@ Pure and clock-injected: the batcher reports arrivals, batches and answers with 
 calls `step(now)` every ~0.25 s; nothing here reads a clock, sleeps or draws a random number.
 
 Policy, in short. The tuner measures the setting in force over an *epoch* (a short settling time
-after a change, then >= 1.5 s and >= 100 answers). From the incumbent setting it tries one
-neighbour at a time (batch size x2 or /2, one step of a delay ladder, or the minimum delay) and
-keeps the trial only if it measurably wins: p99 under 90% of the SLO, then more items/s beyond the
-noise band, then a lower mean latency, then, all else tied, less waiting. A loser goes back on a
-rejected list; with no neighbour left to try the tuner is settled and makes no changes until the
-load or the latency moves by 30% or more. Under closed-loop load (fixed concurrency) more
-throughput and less latency are the same thing; under open-loop load every stable setting serves
-the arrival rate, so the latency tie-breakers pick among them.
-A model keeps the search safe and short: d(n) = a*n + b fitted on recent batches and the arrival
-rate predict each candidate's p99; candidates predicted over the SLO are not tried. A p99 over the
-SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is abandoned;
-the incumbent backs off multiplicatively (the delay drops to its minimum, else the batch size
-doubles when the executor is the bottleneck or halves when the batches are). When a delay would
-gather less than one companion for a batch's first request, the delay goes to its minimum. When
-no setting meets the SLO, the search minimises p99 instead and reports the SLO infeasible.
+after a change, then >= 1.5 s and >= 100 answers). It decides from a model, not by trial and error:
+d(n) = a*n + b fitted on recent batches, and the load read from the same epoch, go to the queue model
+(`batch_planner`), which predicts items/s and p99 for every (size, delay) within the bounds. The load
+is a *closed loop* (a fixed population of clients, each sending again a think time after its answer,
+so the setting decides the rate: the most items/s wins) when the clients spend at least as long in the
+server as outside it, else *open* (a given arrival rate: every stable setting serves it, the lowest
+p99 wins). The tuner jumps to the predicted best; one measurement epoch confirms it: a planned
+setting stays unless it measurably serves fewer items/s or a clearly longer tail than the setting it
+replaced, and a loser is given back at the epoch's end (at once when it breaks the SLO). The
+prediction's error at the incumbent corrects the others' predicted p99. With nothing better
+predicted the tuner is settled and makes no changes until the load or the latency moves by 30%.
+No trial starts while an open-loop queue holds more than the SLO's worth of work.
+Before a fit over several batch sizes exists, one probe (size x2 or /2) supplies one.
+A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is
+abandoned; the incumbent backs off multiplicatively (the delay drops to its minimum, else the batch
+size doubles when the executor is the bottleneck or halves when the batches are). When a delay would
+gather less than one companion for a batch's first request and no plan chose it, the delay goes to its
+minimum. When no setting meets the SLO, the plan minimises p99 instead and the SLO is reported infeasible.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from batchpilot.runtime.autotune_model import (
     LatencyFit,
     Measurement,
     TuningParams,
+    Workload,
     delay_ladder,
     fit_batch_latency,
-    predict,
+    read_workload,
 )
+from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid, plan, plan_closed
 from batchpilot.spec.model import AutotuneSpec
 
 __all__ = ["Autotuner", "Decision", "TuningParams"]
@@ -47,19 +52,27 @@ MEASURE_S = 1.5  # shortest epoch
 MAX_MEASURE_S = 5.0  # longest epoch, however few answers came (low load)
 MIN_ANSWERS = 100  # answers behind a p99 worth comparing
 SETTLE_S = (0.25, 2.0)  # after a change, data is counted from 3 x p99 later, within these bounds
-TRIAL_MARGIN = 0.9  # a trial must keep its p99 under this share of the SLO to win
+TRIAL_MARGIN = 0.9  # a trial must keep its p99 under this share of the SLO
 CHANGE_TRIGGER = 0.3  # relative change of arrival rate or mean latency that reopens the search
-LOW_LOAD_COMPANY = 0.5  # expected companions within the delay under which the delay drops
-EXPLORE_COMPANY = 1.0  # ... and over which a longer delay is worth trying (hysteresis)
-FIT_BATCHES = 128
+LOW_LOAD_COMPANY = 0.5  # expected companions within the delay under which an unplanned delay drops
+FIT_PER_SIZE = 32  # latest batches of each size behind the fit...
+FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
 FULL_SHARE = 0.5  # share of full batches over which the size limit binds...
 BUSY = 0.75  # ...while the executor is this busy: a violation then calls for larger batches
+OPEN_HEADROOM = 0.9  # an open loop may load a setting's full-batch capacity up to this share
+PLAN_TRIALS = 3  # planned settings tried per search at most
+GAIN = 0.03  # a planned setting must promise this much more items/s than the incumbent...
+TAIL_GAIN = 0.2  # ...or, at the same items/s, this much less p99
+TAIL_SLACK = (1.25, 0.001)  # a trial at the same items/s loses with a p99 over 1.25 x + 1 ms the incumbent's
+# The planner runs inside `step`, on the batcher's event loop: ~10-30 ms per plan over the default grid,
+# once per search (a load change), not per step.
+PLAN_ITEMS = 2000
 
 
 @dataclass(frozen=True)
 class Decision:
     params: TuningParams
-    reason: str  # explore-up/-down, revert, settled, slo-violation, low-load, infeasible, feasible, ceiling
+    reason: str  # plan, probe, slo-violation, revert, settled, low-load, infeasible, feasible, ceiling
     detail: dict[str, Any] = field(default_factory=dict)
     changed: bool = True  # False when only the SLO verdict flipped (reason infeasible or feasible)
 
@@ -81,14 +94,20 @@ class Autotuner:
         self._feasible = True
         self._settled = False
         self._rejected: set[TuningParams] = set()
-        self._momentum: str | None = None  # the kind of the last move that won
+        self._lost_sizes: set[int] = set()  # sizes whose planned trial lost in this search
+        self._trials = 0  # planned settings tried in this search
+        self._probed = False
+        self._planned: TuningParams | None = None  # the setting the last plan chose, while in force
         self._backoff_dir = 0  # +1 / -1: the size was last backed off up / down
         self._inc_meas: Measurement | None = None
         self._ref: Measurement | None = None  # the incumbent's figures when the search settled
+        self._plan: Plan | None = None
+        self._workload: Workload | None = None
         self._pending: Decision | None = None
         self._epoch: Epoch | None = None
         self._in_server = 0  # items arrived and not yet executed
-        self._batches: deque[tuple[int, float]] = deque(maxlen=FIT_BATCHES)
+        self._batches: dict[int, deque[tuple[float, float]]] = {}  # size -> (time, compute_s)
+        self._last_batch_at = 0.0
         self._answers: deque[tuple[float, float]] = deque()  # (time, latency) for snapshot()
         self._items: deque[tuple[float, int]] = deque()  # (time, batch size) for snapshot()
         self._first_seen: float | None = None
@@ -97,14 +116,15 @@ class Autotuner:
     # -- what the batcher reports ------------------------------------------------------------
     def record_arrival(self, n_items: int, now: float) -> None:
         """An admitted request entered the queue (each one must later leave in a batch)."""
-        self._epoch_at(now).add_arrival(n_items, self._in_server > 0, now)
+        self._epoch_at(now).add_arrival(n_items, self._in_server, now)
         self._in_server += n_items
 
     def record_batch(self, size: int, compute_s: float, now: float) -> None:
         """A batch of `size` items finished executing after `compute_s` seconds."""
         self._epoch_at(now).add_batch(size, compute_s, now)
         self._in_server = max(0, self._in_server - size)
-        self._batches.append((size, compute_s))
+        self._batches.setdefault(size, deque(maxlen=FIT_PER_SIZE)).append((now, compute_s))
+        self._last_batch_at = now
         self._items.append((now, size))
 
     def record_request(self, latency_s: float, queue_wait_s: float, now: float) -> None:
@@ -151,12 +171,14 @@ class Autotuner:
             return None
         m = epoch.measure(now)
         if self._params != self._incumbent:  # a trial ends
-            if self._wins(m, self._inc_meas):
-                self._rejected.add(self._incumbent)
-                self._momentum = self._kind(self._incumbent, self._params)
-                self._incumbent, self._inc_meas = self._params, m
-            else:
+            if not self._confirms(m, self._inc_meas):
                 self._rejected.add(self._params)
+                if self._params.max_batch_size != self._incumbent.max_batch_size:
+                    self._lost_sizes.add(self._params.max_batch_size)  # the model misjudges this size
+                self._planned = None
+                return self._move(self._incumbent, "revert", now, self._figures(m))
+            self._rejected.add(self._incumbent)
+            self._incumbent, self._inc_meas = self._params, m
         else:
             self._inc_meas = m
             if self._settled and self._moved(m):
@@ -184,13 +206,15 @@ class Autotuner:
             "items_per_s": round(sum(n for _, n in self._items) / span, 2),
             "changes": self._changes,
             "state": "settled" if self._settled else "warmup" if self._epoch_count <= 1 else "exploring",
+            "plan": self._plan_report(),
         }
 
     # -- policy -------------------------------------------------------------------------------
     def _low_load(self, epoch: Epoch, now: float) -> Decision | None:
-        """Stop waiting for company that does not come (one client alone, a trickle of requests)."""
+        """Stop waiting for company that does not come (one client alone, a trickle of requests),
+        unless a plan chose this delay knowing the load."""
         delay = self._params.max_queue_delay_s
-        if delay <= self._lo_d or epoch.items_arrived < 20:
+        if delay <= self._lo_d or epoch.items_arrived < 20 or self._params == self._planned:
             return None
         rate = epoch.items_arrived / max(now - epoch.settled_at, 1e-9)
         company = _company(rate, epoch.accompanied / epoch.items_arrived, delay)
@@ -205,6 +229,7 @@ class Autotuner:
         trial = self._params != self._incumbent
         if trial and self._inc_meas is not None and self._inc_meas.p99_s <= self._slo_s:
             self._rejected.add(self._params)
+            self._planned = None
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial or not self._feasible:
             return None  # both miss: the trial is judged on p99 at its end; or a lost cause
@@ -241,83 +266,97 @@ class Autotuner:
         return safer
 
     def _next(self, now: float) -> Decision | None:
-        """Start the next trial, or settle on the incumbent when none is left."""
-        assert self._inc_meas is not None
-        candidates = self._candidates(self._inc_meas)
-        if candidates:
-            kind, cand = candidates[0]
-            jump = cand.max_batch_size / self._params.max_batch_size
-            if not 0.5 <= jump <= 2:  # the batch size moves at most x2 per change: via the incumbent
-                kind, cand = "revert", self._incumbent
-            return self._move(cand, kind, now, self._figures(self._inc_meas))
-        self._settled, self._ref, self._backoff_dir = True, self._inc_meas, 0
-        if self._params != self._incumbent:
-            return self._move(self._incumbent, "settled", now, self._figures(self._inc_meas))
-        self._new_epoch(now)
-        return self._verdict(self._inc_meas, now)
-
-    def _candidates(self, m: Measurement) -> list[tuple[str, TuningParams]]:
-        """Untried neighbours of the incumbent that the model does not rule out, best bets first."""
-        inc = self._incumbent
-        n, d = inc.max_batch_size, inc.max_queue_delay_s
-        below = [x for x in self._ladder if x < d]
-        above = [x for x in self._ladder if x > d]
-        moves = [
-            ("explore-down:delay-min", replace(inc, max_queue_delay_s=self._lo_d)),
-            ("explore-down:delay", replace(inc, max_queue_delay_s=below[-1] if below else d)),
-        ]
-        # The size limit only matters if batches reach it (up) or exceed half of it (down).
-        if m.largest_batch >= n:
-            moves.insert(0 if m.utilization >= 0.85 else 2, ("explore-up:size", replace(inc, max_batch_size=n * 2)))
-        if m.largest_batch > n // 2:
-            moves.append(("explore-down:size", replace(inc, max_batch_size=n // 2)))
-        if above and _company(m.arrival_rate, m.company_share, above[0]) >= EXPLORE_COMPANY:
-            moves.append(("explore-up:delay", replace(inc, max_queue_delay_s=above[0])))
-        moves.sort(key=lambda km: km[0] != self._momentum)
-        seen = {inc} | self._rejected
-        out = []
-        for kind, cand in moves:
-            cand = self._clip(cand)
-            if cand not in seen and self._plausible(cand, m):
-                seen.add(cand)
-                out.append((kind, cand))
-        return out
-
-    def _plausible(self, cand: TuningParams, m: Measurement) -> bool:
-        """False when the model predicts the candidate misses the SLO (only while it is met).
-
-        Its best case (window plus one typical batch) must fit, and with a real fit (several batch
-        sizes seen) it must keep up with the arrival rate. Its p99 prediction, scaled by how far
-        the prediction is off at the incumbent, must fit too where the open-loop model holds: with
-        an executor that has slack (a closed loop at capacity pins the arrival rate to the
-        throughput, where the model sees a queue on the edge of instability)."""
+        """Jump to the plan's pick, probe for a fit, or settle on the incumbent."""
+        m = self._inc_meas
+        assert m is not None
+        w = read_workload(m)
+        if not w.closed and self._in_server / max(m.items_per_s, 1e-9) > self._slo_s:
+            self._new_epoch(now)  # an open loop's queue is long: no trial now, measure again
+            return None
         fit = self._fit()
-        if fit is None or not self._feasible:
-            return True
-        pred = predict(cand, m.arrival_rate, fit)
-        if pred.floor_s > self._slo_s * TRIAL_MARGIN or not (fit.one_size or math.isfinite(pred.p99_s)):
-            return False
-        here = predict(self._incumbent, m.arrival_rate, fit).p99_s
-        if fit.one_size or m.utilization >= 0.8 or not math.isfinite(here):
-            return True
-        correction = min(max(m.p99_s / here, 0.5), 3.0)
-        return pred.p99_s * correction <= self._slo_s
+        if fit is not None and fit.one_size and not self._probed and m.arrival_rate > 0:
+            self._probed = True
+            n = self._incumbent.max_batch_size
+            probe = self._clip(replace(self._incumbent, max_batch_size=n * 2 if m.largest_batch >= n else n // 2))
+            if probe != self._incumbent:
+                return self._move(probe, "probe:size", now, self._figures(m))
+        if fit is not None and not fit.one_size and m.arrival_rate > 0 and self._trials < PLAN_TRIALS:
+            pick = self._pick(fit, w, m)
+            if pick is not None:
+                self._trials += 1
+                self._planned = pick.params
+                return self._move(pick.params, "plan", now, {**self._figures(m), **_predicted(pick, w)})
+        self._settled, self._ref, self._backoff_dir = True, m, 0
+        self._new_epoch(now)
+        return self._verdict(m, now)
 
-    def _wins(self, t: Measurement, inc: Measurement | None) -> bool:
-        """Did the trial beat the incumbent? (p99 first, then items/s, mean latency, waiting)."""
+    def _pick(self, fit: LatencyFit, w: Workload, m: Measurement) -> CandidatePrediction | None:
+        """The queue model's best setting for this load, if it promises more than the incumbent."""
+        grid = candidate_grid(self._lo_n, self._ceiling, self._ladder[0], self._ladder[-1])
+        if self._incumbent not in grid:
+            grid.append(self._incumbent)
+        sigma = self._spread(fit)
+        slo = self._slo_s * TRIAL_MARGIN
+        if w.closed:
+            p = plan_closed(fit, w.clients, w.think_s, slo, grid, service_sigma=sigma, items=PLAN_ITEMS)
+        else:
+            p = plan(fit, w.arrival_rate, slo, grid, service_sigma=sigma, items=PLAN_ITEMS)
+        here = next(c for c in p.predictions if c.params == self._incumbent)
+        # The model's error at the incumbent scales every predicted tail (within reason). An open loop's
+        # tail within 10% of a setting's capacity is beyond what a short sample predicts: unsafe.
+        scale = min(max(m.p99_s / here.p99_s, 0.5), 3.0) if math.isfinite(here.p99_s) and here.p99_s > 0 else 1.0
+        scaled = [
+            replace(c, p99_s=math.inf if self._near_capacity(c.params, fit, w) else c.p99_s * scale)
+            for c in p.predictions
+        ]
+        self._plan, self._workload = replace(p, predictions=tuple(scaled)), w
+        here = replace(here, p99_s=here.p99_s * scale)
+        options = [
+            c
+            for c in scaled
+            if c.params not in self._rejected
+            and c.params != self._incumbent
+            and c.params.max_batch_size not in self._lost_sizes
+        ]
+        meeting = [c for c in options if c.meets(slo)]
+        if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
+            best = min(options, key=lambda c: (c.p99_s, -c.items_per_s), default=None)
+            return best if best is not None and best.p99_s < (1 - TAIL_GAIN) * here.p99_s else None
+        top = max(c.items_per_s for c in meeting)
+        best = min(
+            (c for c in meeting if c.items_per_s >= 0.99 * top),
+            key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size),
+        )
+        if not here.meets(slo):
+            return best
+        if best.items_per_s > (1 + GAIN) * here.items_per_s:
+            return best
+        if best.items_per_s >= (1 - GAIN) * here.items_per_s and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
+            return best
+        return None
+
+    @staticmethod
+    def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
+        n = params.max_batch_size
+        return not w.closed and w.arrival_rate > OPEN_HEADROOM * n / max(fit(n), 1e-12)
+
+    def _confirms(self, t: Measurement, inc: Measurement | None) -> bool:
+        """Does the measured trial hold up against the incumbent? A planned setting stays unless it
+        measurably loses: a broken SLO the incumbent kept, fewer items/s beyond the noise, or the same
+        items/s with a clearly longer tail. (Both missing the SLO: the lower p99 stays.)"""
         if inc is None:
-            return False
+            return True
         inc_ok = inc.p99_s <= self._slo_s
         if t.p99_s > self._slo_s * (TRIAL_MARGIN if inc_ok else 1.0):
-            return not inc_ok and t.p99_s < 0.95 * inc.p99_s  # both miss: lower p99 wins
+            return not inc_ok and t.p99_s < inc.p99_s
         if not inc_ok:
             return True
         band = max(0.02, 3.0 / math.sqrt(max(1, min(t.completed, inc.completed))))
-        if abs(t.items_per_s - inc.items_per_s) > band * inc.items_per_s:
-            return t.items_per_s > inc.items_per_s
-        if abs(t.mean_s - inc.mean_s) > max(0.03 * inc.mean_s, 3 * math.hypot(t.mean_se, inc.mean_se)):
-            return t.mean_s < inc.mean_s
-        return t.params.max_queue_delay_s < inc.params.max_queue_delay_s
+        if t.items_per_s < (1 - band) * inc.items_per_s:
+            return False
+        if t.items_per_s > (1 + band) * inc.items_per_s:
+            return True
+        return t.p99_s <= TAIL_SLACK[0] * inc.p99_s + TAIL_SLACK[1]
 
     def _verdict(self, m: Measurement, now: float) -> Decision | None:
         """Flip the SLO verdict on the incumbent's figures: infeasible when it misses the SLO once
@@ -337,7 +376,7 @@ class Autotuner:
     def _declare_infeasible(self, m: Measurement, now: float) -> Decision:
         """From here on the search minimises p99; nothing waits in vain for a lost cause."""
         self._feasible = False
-        if self._params.max_queue_delay_s > self._lo_d:
+        if self._params.max_queue_delay_s > self._lo_d and self._params != self._planned:
             self._incumbent = replace(self._incumbent, max_queue_delay_s=self._lo_d)
             self._reopen()
             decision = self._move(self._incumbent, "infeasible", now, self._figures(m))
@@ -357,31 +396,59 @@ class Autotuner:
 
     def _reopen(self) -> None:
         self._rejected.clear()
-        self._settled, self._ref, self._momentum = False, None, None
+        self._lost_sizes.clear()
+        self._settled, self._ref = False, None
+        self._trials, self._probed = 0, False
 
     # -- helpers ------------------------------------------------------------------------------
+    def _plan_report(self) -> dict[str, Any] | None:
+        """The last plan's reading of the load and its prediction for the setting in force, beside what
+        the setting measured (its latest epoch)."""
+        if self._plan is None or self._workload is None:
+            return None
+        w = self._workload
+        here = next((c for c in self._plan.predictions if c.params == self._params), None)
+        m = self._inc_meas if self._inc_meas is not None and self._inc_meas.params == self._params else None
+        return {
+            "load": "closed-loop" if w.closed else "open-loop",
+            "arrival_rate": round(w.arrival_rate, 2),
+            "clients": w.clients if w.closed else None,
+            "think_ms": round(w.think_s * 1e3, 3) if w.closed else None,
+            "feasible": self._plan.feasible,
+            "predicted_items_per_s": round(here.items_per_s, 2) if here else None,
+            "predicted_p99_ms": _ms(here.p99_s) if here else None,
+            "measured_items_per_s": round(m.items_per_s, 2) if m else None,
+            "measured_p99_ms": _ms(m.p99_s) if m else None,
+        }
+
+    def _spread(self, fit: LatencyFit) -> float:
+        """Lognormal sigma of the recent batches' times around the fit."""
+        arr = self._recent_batches()
+        ratio = arr[:, 1] / np.maximum(fit.a_s * arr[:, 0] + fit.b_s, 1e-12)
+        ratio = ratio[ratio > 0]
+        return min(float(np.log(ratio).std()), 1.0) if ratio.size > 1 else 0.0
+
     def _forget(self, now: float) -> None:
         horizon = now - self._window_s
         for q in (self._answers, self._items):
             while q and q[0][0] < horizon:
                 q.popleft()
 
+    def _recent_batches(self) -> np.ndarray:
+        """(size, seconds) rows: the latest batches of each size seen recently. Keeping sizes apart keeps
+        a fit over several sizes when one size has run alone for a while (a full batch every time)."""
+        horizon = self._last_batch_at - FIT_MEMORY_S
+        rows = [(n, d) for n, q in self._batches.items() for t, d in q if t >= horizon]
+        return np.asarray(rows, dtype=float).reshape(-1, 2)
+
     def _fit(self) -> LatencyFit | None:
-        if not self._batches:
-            return None
-        arr = np.asarray(self._batches, dtype=float)
-        return fit_batch_latency(arr[:, 0], arr[:, 1])
+        arr = self._recent_batches()
+        return fit_batch_latency(arr[:, 0], arr[:, 1]) if len(arr) else None
 
     def _clip(self, p: TuningParams) -> TuningParams:
         n = min(max(int(p.max_batch_size), self._lo_n), self._ceiling)
         d = min(max(float(p.max_queue_delay_s), self._ladder[0]), self._ladder[-1])
         return TuningParams(n, d)
-
-    @staticmethod
-    def _kind(old: TuningParams, new: TuningParams) -> str:
-        if new.max_batch_size != old.max_batch_size:
-            return "explore-up:size" if new.max_batch_size > old.max_batch_size else "explore-down:size"
-        return "explore-up:delay" if new.max_queue_delay_s > old.max_queue_delay_s else "explore-down:delay"
 
     def _move(self, to: TuningParams, kind: str, now: float, detail: dict[str, Any]) -> Decision | None:
         """Put `to` in force and start measuring it. `kind` is "reason" or "reason:knob"."""
@@ -397,9 +464,9 @@ class Autotuner:
     def _figures(self, m: Measurement) -> dict[str, Any]:
         fit = self._fit()
         return {
-            "p99_ms": round(m.p99_s * 1e3, 3) if math.isfinite(m.p99_s) else None,
-            "mean_ms": round(m.mean_s * 1e3, 3) if math.isfinite(m.mean_s) else None,
-            "queue_wait_ms": round(m.mean_wait_s * 1e3, 3) if math.isfinite(m.mean_wait_s) else None,
+            "p99_ms": _ms(m.p99_s),
+            "mean_ms": _ms(m.mean_s),
+            "queue_wait_ms": _ms(m.mean_wait_s),
             "slo_ms": self._slo_s * 1e3,
             "items_per_s": round(m.items_per_s, 2),
             "arrival_rate": round(m.arrival_rate, 2),
@@ -427,6 +494,21 @@ class Autotuner:
         elapsed = now - epoch.settled_at
         enough = len(epoch.latencies) >= MIN_ANSWERS
         return (elapsed >= MEASURE_S and enough) or (elapsed >= MAX_MEASURE_S and len(epoch.latencies) >= 10)
+
+
+def _predicted(c: CandidatePrediction, w: Workload) -> dict[str, Any]:
+    """The plan's figures for the log line of its decision."""
+    return {
+        "load": "closed-loop" if w.closed else "open-loop",
+        "clients": w.clients,
+        "think_ms": round(w.think_s * 1e3, 3) if math.isfinite(w.think_s) else None,
+        "predicted_items_per_s": round(c.items_per_s, 2),
+        "predicted_p99_ms": _ms(c.p99_s),
+    }
+
+
+def _ms(s: float) -> float | None:
+    return round(s * 1e3, 3) if math.isfinite(s) else None
 
 
 def _company(rate: float, share: float, delay_s: float) -> float:

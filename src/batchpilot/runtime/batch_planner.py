@@ -34,16 +34,25 @@ from __future__ import annotations
 
 import math
 import random
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from batchpilot.runtime.autotune_model import LatencyFit, TuningParams, delay_ladder
 
-__all__ = ["CandidatePrediction", "Plan", "candidate_grid", "plan", "predict_candidate"]
+__all__ = [
+    "CandidatePrediction",
+    "Plan",
+    "candidate_grid",
+    "plan",
+    "plan_closed",
+    "predict_candidate",
+    "predict_closed",
+]
 
+CLOSED_ITEMS = 1500  # answers simulated per candidate of a closed-loop plan (10% of them warm-up)
 ITEMS = 4000  # simulated arrivals per plan: a p99 within ~10% while the executor is <= 75% busy
 MAX_BATCHES = 1500  # simulated batches per candidate at most: at low load fewer items, where the p99 is easy
 WARMUP = 0.1  # share of the first items left out of the p99 (the queue starts empty)
@@ -258,3 +267,138 @@ def plan(
             key=lambda c: (c.p99_s, -c.items_per_s, c.params.max_queue_delay_s, c.params.max_batch_size),
         )
     return Plan(best=best, feasible=bool(meeting), slo_s=slo_s, predictions=tuple(preds))
+
+
+# -- closed loop ---------------------------------------------------------------------------------------
+def _simulate_closed(
+    params: TuningParams, fit: LatencyFit, clients: int, think: Sequence[float], noise: Sequence[float] | None
+) -> CandidatePrediction:
+    """Batch by batch, with the release rule of `_simulate`: each client's next request is known once
+    its answer is, so the sorted list of pending arrivals always holds every client's next one."""
+    n_max, delay, a, b = params.max_batch_size, params.max_queue_delay_s, fit.a_s, fit.b_s
+    pending = sorted(think[:clients])  # everyone starts after one think time
+    total = len(think)
+    k = clients
+    t_free = busy = 0.0
+    warm = int(WARMUP * total)
+    warm_at = 0.0  # when the warm-up's answers are out
+    latencies: list[float] = []
+    batches = 0
+    while k < total:
+        release = pending[0] + (delay if n_max > 1 else 0.0)
+        if len(pending) >= n_max:
+            release = min(release, pending[n_max - 1])
+        release = max(release, t_free)
+        j = bisect_right(pending, release, 0, min(n_max, len(pending)))
+        batch = pending[:j]
+        del pending[:j]
+        d = a * j + b
+        if noise is not None:
+            d *= noise[batches % len(noise)]
+        t_free = release + d
+        busy += d
+        batches += 1
+        if len(latencies) < warm:
+            warm_at = t_free
+        for arrived in batch:
+            latencies.append(t_free - arrived)
+            insort(pending, t_free + think[k % total])
+            k += 1
+    kept = np.asarray(latencies[warm:])
+    return CandidatePrediction(
+        params=params,
+        items_per_s=kept.size / max(t_free - warm_at, 1e-12),
+        p99_s=float(np.percentile(kept, 99)),
+        mean_s=float(kept.mean()),
+        mean_batch=len(latencies) / batches,
+        utilization=min(1.0, busy / t_free) if t_free > 0 else 0.0,
+        stable=True,  # a closed loop holds at most `clients` requests
+    )
+
+
+def predict_closed(
+    candidates: Iterable[TuningParams],
+    fit: LatencyFit,
+    clients: int,
+    think_s: float,
+    *,
+    cpu_share: float = 1.0,
+    service_sigma: float = 0.0,
+    items: int = CLOSED_ITEMS,
+    seed: int = 0,
+) -> list[CandidatePrediction]:
+    """Closed-loop predictions: `clients` sources with exponential think times of mean `think_s`.
+
+    All candidates share the think-time and service-noise draws (common random numbers). Size limits
+    above the number of clients are never reached (a batch then always waits out its delay), so they
+    share one simulation.
+    """
+    if clients < 1 or items < 2 * clients:
+        raise ValueError("need clients >= 1 and items >= 2 * clients")
+    if not 0 < cpu_share <= 1:
+        raise ValueError(f"cpu_share must be in (0, 1], got {cpu_share}")
+    rng = random.Random(seed)
+    think = [rng.expovariate(1.0 / think_s) if think_s > 0 else 0.0 for _ in range(items)]
+    noise = [math.exp(service_sigma * rng.gauss(0.0, 1.0)) for _ in range(items)] if service_sigma else None
+    stretched = LatencyFit(fit.a_s / cpu_share, fit.b_s / cpu_share)
+    memo: dict[tuple[int, float], CandidatePrediction] = {}
+    out = []
+    for p in candidates:
+        n = min(p.max_batch_size, clients + 1)
+        key = (n, p.max_queue_delay_s if n > 1 else 0.0)
+        if key not in memo:
+            memo[key] = _simulate_closed(TuningParams(*key), stretched, clients, think, noise)
+        out.append(replace(memo[key], params=p))
+    return out
+
+
+def plan_closed(
+    fit: LatencyFit,
+    clients: int,
+    think_s: float,
+    slo_s: float,
+    candidates: Sequence[TuningParams],
+    *,
+    cpu_share: float = 1.0,
+    service_sigma: float = 0.0,
+    items: int = CLOSED_ITEMS,
+    seed: int = 0,
+) -> Plan:
+    """The closed-loop pick: the most items/s with a predicted p99 within `slo_s` (within 1% of the most
+    counts as a tie, broken by the lower p99, then the shorter delay); none such: the lowest p99,
+    infeasible. The arguments are those of `predict_closed`.
+
+    A closed loop's items/s is sharp in the delay (a batch should wait just long enough for the clients
+    of the previous one to come back), so after the grid the best size's delays between the best
+    delay's neighbours on the grid are tried in eighths."""
+    if not candidates:
+        raise ValueError("no candidates to plan over")
+    options = dict(cpu_share=cpu_share, service_sigma=service_sigma, items=items, seed=seed)
+    preds = predict_closed(candidates, fit, clients, think_s, **options)  # type: ignore[arg-type]
+    finer = _finer_delays(_pick_closed(preds, slo_s)[0].params, candidates)
+    preds += predict_closed(finer, fit, clients, think_s, **options)  # type: ignore[arg-type]
+    best, feasible = _pick_closed(preds, slo_s)
+    return Plan(best=best, feasible=feasible, slo_s=slo_s, predictions=tuple(preds))
+
+
+def _pick_closed(preds: Sequence[CandidatePrediction], slo_s: float) -> tuple[CandidatePrediction, bool]:
+    meeting = [c for c in preds if c.meets(slo_s)]
+    if not meeting:
+        return min(preds, key=lambda c: (c.p99_s, -c.items_per_s)), False
+    top = max(c.items_per_s for c in meeting)
+    near = [c for c in meeting if c.items_per_s >= 0.99 * top]
+    return min(near, key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size)), True
+
+
+def _finer_delays(best: TuningParams, grid: Sequence[TuningParams]) -> list[TuningParams]:
+    """Delays in eighths between `best`'s delay and its neighbours among the grid's delays."""
+    delays = sorted({c.max_queue_delay_s for c in grid})
+    i = delays.index(best.max_queue_delay_s) if best.max_queue_delay_s in delays else -1
+    if i < 0 or best.max_batch_size == 1:
+        return []
+    out = []
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(delays):
+            lo, hi = sorted((delays[i], delays[j]))
+            out += [TuningParams(best.max_batch_size, lo + (hi - lo) * k / 8) for k in range(1, 8)]
+    return out

@@ -43,6 +43,21 @@ class LatencyModel(_Wire):
     b_ms: float
 
 
+class PlanState(_Wire):
+    """The queue model's reading of the load and its prediction for the setting in force, beside what
+    that setting measured (its latest measurement epoch)."""
+
+    load: Literal["closed-loop", "open-loop"]
+    arrival_rate: float
+    clients: int | None = None  # closed loop: the population
+    think_ms: float | None = None  # closed loop: a client's time outside the server per round trip
+    feasible: bool
+    predicted_items_per_s: float | None = None
+    predicted_p99_ms: float | None = None
+    measured_items_per_s: float | None = None
+    measured_p99_ms: float | None = None
+
+
 class AutotuneState(_Wire):
     """Whether the autotuner runs and, when it does, what it concluded."""
 
@@ -51,6 +66,7 @@ class AutotuneState(_Wire):
     slo_feasible: bool | None = None
     latency_model: LatencyModel | None = None
     changes: int | None = None
+    plan: PlanState | None = None
 
 
 class RecentState(_Wire):

@@ -119,6 +119,7 @@ class AutoTuner(StaticTuner):
             slo_feasible=snap.get("slo_feasible"),
             latency_model=snap.get("latency_model"),
             changes=snap.get("changes"),
+            plan=snap.get("plan"),
         )
 
 
