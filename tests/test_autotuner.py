@@ -351,3 +351,32 @@ def test_batching_report_shows_the_prediction_beside_the_measurement() -> None:
     assert reasons <= {"plan", "probe", "revert", "slo-violation", "low-load"}, reasons
     planned = [d for _, d in sim.decisions if d.reason == "plan"]
     assert planned and all("predicted_items_per_s" in d.detail for d in planned)
+
+
+def test_on_one_core_the_plan_charges_the_front_end_cpu() -> None:
+    """A saturated closed loop on one core: the executor spends 0.4 ms/item + 1.2 ms of CPU per batch,
+    the front-ends 0.3 ms per item more, half of it while the batch runs (stretching its wall time),
+    half between batches. Charged that CPU, the plan predicts what is measured; without (several cores),
+    from the batches' wall time alone, it overestimates the throughput of the very setting in force."""
+
+    def drive(cores: int) -> dict:
+        tuner = Autotuner(spec(100), TuningParams(16, 0.0), cores=cores)
+        t, cpu = 0.0, 0.0
+        for i in range(400):  # batches of 16 and 8 alternate (a fit over two sizes), back to back
+            n = 16 if i % 2 else 8
+            d_cpu = 0.4e-3 * n + 1.2e-3
+            tuner.record_arrival(n, t)
+            tuner.record_batch(n, d_cpu + 0.15e-3 * n, t + d_cpu + 0.15e-3 * n, cpu_s=d_cpu)
+            t += d_cpu + 0.3e-3 * n
+            cpu += d_cpu + 0.3e-3 * n
+            for _ in range(n):
+                tuner.record_request(0.030, 0.020, t)
+            if i % 20 == 0:
+                tuner.record_cpu(cpu, t)
+                tuner.step(t)
+        return tuner.snapshot(t)["plan"]
+
+    one, many = drive(1), drive(4)
+    assert one["frontend_cpu_ms"] == pytest.approx(0.3, rel=0.05) and many["frontend_cpu_ms"] is None
+    assert one["predicted_items_per_s"] == pytest.approx(one["measured_items_per_s"], rel=0.06)
+    assert many["predicted_items_per_s"] > 1.1 * many["measured_items_per_s"]

@@ -137,6 +137,12 @@ class Epoch:
     batches: int = 0
     full_batches: int = 0  # batches that reached the size limit
     peak_in_server: int = 0  # most items in the server at once (seen at arrivals)
+    # CPU: the process's CPU clock at the first reading after `settled_at` and at the latest, and what this
+    # model's executor spent in between on how many items (the rest went to front-ends and other models).
+    cpu_start: float | None = None
+    cpu_last: float | None = None
+    exec_cpu_s: float = 0.0
+    items_since_cpu: int = 0
 
     def add_arrival(self, n_items: int, in_server: int, now: float) -> None:
         """`in_server`: items in the server before these arrived."""
@@ -145,7 +151,18 @@ class Epoch:
             self.accompanied += n_items if in_server > 0 else 0
             self.peak_in_server = max(self.peak_in_server, in_server + n_items)
 
-    def add_batch(self, size: int, compute_s: float, now: float) -> None:
+    def add_cpu(self, process_cpu_s: float, now: float) -> None:
+        if now < self.settled_at:
+            return
+        if self.cpu_start is None:
+            self.cpu_start = process_cpu_s
+        else:
+            self.cpu_last = process_cpu_s
+
+    def add_batch(self, size: int, compute_s: float, now: float, cpu_s: float | None = None) -> None:
+        if self.cpu_start is not None:
+            self.exec_cpu_s += compute_s if cpu_s is None else cpu_s
+            self.items_since_cpu += size
         if now >= self.settled_at:
             self.items_done += size
             self.busy_s += compute_s
@@ -190,7 +207,14 @@ class Epoch:
             largest_batch=self.largest_batch,
             full_share=self.full_batches / self.batches if self.batches else 0.0,
             peak_in_server=self.peak_in_server,
+            frontend_cpu_s=self._frontend_cpu(),
         )
+
+    def _frontend_cpu(self) -> float | None:
+        """Process CPU seconds per item beyond this model's executor (None before two readings)."""
+        if self.cpu_start is None or self.cpu_last is None or self.items_since_cpu == 0:
+            return None
+        return max(0.0, self.cpu_last - self.cpu_start - self.exec_cpu_s) / self.items_since_cpu
 
 
 @dataclass(frozen=True)
@@ -209,3 +233,4 @@ class Measurement:
     largest_batch: int
     full_share: float = 0.0  # share of batches that reached the size limit
     peak_in_server: int = 0
+    frontend_cpu_s: float | None = None  # process CPU per item beyond this model's executor

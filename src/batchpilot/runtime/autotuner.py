@@ -67,6 +67,7 @@ TAIL_SLACK = (1.25, 0.001)  # a trial at the same items/s loses with a p99 over 
 # The planner runs inside `step`, on the batcher's event loop: ~10-30 ms per plan over the default grid,
 # once per search (a load change), not per step.
 PLAN_ITEMS = 2000
+MAX_CLIENTS = 512  # a closed loop of more clients is planned as an open one
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,11 @@ class Decision:
 class Autotuner:
     """Chooses `max_batch_size` and `max_queue_delay_s` within `spec.bounds` (see module doc)."""
 
-    def __init__(self, spec: AutotuneSpec, initial: TuningParams, *, window_s: float = 10.0) -> None:
+    def __init__(self, spec: AutotuneSpec, initial: TuningParams, *, window_s: float = 10.0, cores: int = 0) -> None:
+        """`cores`: CPU cores the process may use; with one, front-ends and executors share it, and the
+        plan charges each item its measured front-end CPU (see `record_cpu`). 0: unknown, no charge."""
         b = spec.bounds
+        self._cores = cores
         self._lo_n: int = b.min_batch_size
         self._ceiling: int = b.max_batch_size
         self._lo_d: float = b.min_queue_delay_microseconds / 1e6
@@ -103,10 +107,11 @@ class Autotuner:
         self._ref: Measurement | None = None  # the incumbent's figures when the search settled
         self._plan: Plan | None = None
         self._workload: Workload | None = None
+        self._charged: float | None = None  # front-end CPU per item the last plan charged (one core)
         self._pending: Decision | None = None
         self._epoch: Epoch | None = None
         self._in_server = 0  # items arrived and not yet executed
-        self._batches: dict[int, deque[tuple[float, float]]] = {}  # size -> (time, compute_s)
+        self._batches: dict[int, deque[tuple[float, float, float]]] = {}  # size -> (time, wall s, CPU s)
         self._last_batch_at = 0.0
         self._answers: deque[tuple[float, float]] = deque()  # (time, latency) for snapshot()
         self._items: deque[tuple[float, int]] = deque()  # (time, batch size) for snapshot()
@@ -119,11 +124,13 @@ class Autotuner:
         self._epoch_at(now).add_arrival(n_items, self._in_server, now)
         self._in_server += n_items
 
-    def record_batch(self, size: int, compute_s: float, now: float) -> None:
-        """A batch of `size` items finished executing after `compute_s` seconds."""
-        self._epoch_at(now).add_batch(size, compute_s, now)
+    def record_batch(self, size: int, compute_s: float, now: float, *, cpu_s: float | None = None) -> None:
+        """A batch of `size` items finished executing after `compute_s` seconds (`cpu_s` of the executing
+        thread's CPU time, when known)."""
+        self._epoch_at(now).add_batch(size, compute_s, now, cpu_s)
         self._in_server = max(0, self._in_server - size)
-        self._batches.setdefault(size, deque(maxlen=FIT_PER_SIZE)).append((now, compute_s))
+        cpu = compute_s if cpu_s is None else cpu_s
+        self._batches.setdefault(size, deque(maxlen=FIT_PER_SIZE)).append((now, compute_s, cpu))
         self._last_batch_at = now
         self._items.append((now, size))
 
@@ -131,6 +138,10 @@ class Autotuner:
         """A request was answered `latency_s` after it arrived (`queue_wait_s` of it queued)."""
         self._epoch_at(now).add_request(latency_s, queue_wait_s, now)
         self._answers.append((now, latency_s))
+
+    def record_cpu(self, process_cpu_s: float, now: float) -> None:
+        """The process's CPU clock (all threads) read now: what front-ends and other models cost."""
+        self._epoch_at(now).add_cpu(process_cpu_s, now)
 
     def record_drop(self, n_items: int, now: float) -> None:
         """Admitted items left without being executed (queue timeout, cancel, failed batch)."""
@@ -297,8 +308,12 @@ class Autotuner:
             grid.append(self._incumbent)
         sigma = self._spread(fit)
         slo = self._slo_s * TRIAL_MARGIN
+        fit, w = self._one_core(fit, w, m)
+        if w.closed and w.clients > MAX_CLIENTS:  # so many sources act as an open loop
+            w = replace(w, closed=False)
         if w.closed:
-            p = plan_closed(fit, w.clients, w.think_s, slo, grid, service_sigma=sigma, items=PLAN_ITEMS)
+            items = max(PLAN_ITEMS, 4 * w.clients)
+            p = plan_closed(fit, w.clients, w.think_s, slo, grid, service_sigma=sigma, items=items)
         else:
             p = plan(fit, w.arrival_rate, slo, grid, service_sigma=sigma, items=PLAN_ITEMS)
         here = next(c for c in p.predictions if c.params == self._incumbent)
@@ -334,6 +349,18 @@ class Autotuner:
         if best.items_per_s >= (1 - GAIN) * here.items_per_s and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
             return best
         return None
+
+    def _one_core(self, fit: LatencyFit, w: Workload, m: Measurement) -> tuple[LatencyFit, Workload]:
+        """On one core the executor and the front-ends take turns: a batch of n costs the core its
+        executor CPU time plus n items' front-end CPU (and other models' share, per item of this one),
+        so the plan charges that per item, and takes the front-end's part out of the clients' think time."""
+        f = m.frontend_cpu_s
+        cpu_fit = self._fit(cpu=True)
+        self._charged = None
+        if self._cores != 1 or f is None or cpu_fit is None or cpu_fit.one_size:
+            return fit, w
+        self._charged = f
+        return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s), replace(w, think_s=max(0.0, w.think_s - f))
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
@@ -414,6 +441,7 @@ class Autotuner:
             "arrival_rate": round(w.arrival_rate, 2),
             "clients": w.clients if w.closed else None,
             "think_ms": round(w.think_s * 1e3, 3) if w.closed else None,
+            "frontend_cpu_ms": _ms(self._charged) if self._charged is not None else None,
             "feasible": self._plan.feasible,
             "predicted_items_per_s": round(here.items_per_s, 2) if here else None,
             "predicted_p99_ms": _ms(here.p99_s) if here else None,
@@ -423,7 +451,7 @@ class Autotuner:
 
     def _spread(self, fit: LatencyFit) -> float:
         """Lognormal sigma of the recent batches' times around the fit."""
-        arr = self._recent_batches()
+        arr = self._recent_batches(raw=True)
         ratio = arr[:, 1] / np.maximum(fit.a_s * arr[:, 0] + fit.b_s, 1e-12)
         ratio = ratio[ratio > 0]
         return min(float(np.log(ratio).std()), 1.0) if ratio.size > 1 else 0.0
@@ -434,15 +462,20 @@ class Autotuner:
             while q and q[0][0] < horizon:
                 q.popleft()
 
-    def _recent_batches(self) -> np.ndarray:
-        """(size, seconds) rows: the latest batches of each size seen recently. Keeping sizes apart keeps
-        a fit over several sizes when one size has run alone for a while (a full batch every time)."""
+    def _recent_batches(self, cpu: bool = False, raw: bool = False) -> np.ndarray:
+        """(size, seconds) rows, wall or CPU time: per size, the median of its latest batches seen recently,
+        once per batch. Keeping sizes apart keeps a fit over several sizes when one size has run alone
+        for a while (a full batch every time); the median keeps out a slow first call or a preemption."""
         horizon = self._last_batch_at - FIT_MEMORY_S
-        rows = [(n, d) for n, q in self._batches.items() for t, d in q if t >= horizon]
+        rows = []
+        for n, q in self._batches.items():
+            times = [c if cpu else d for t, d, c in q if t >= horizon]
+            if times:
+                rows += [(n, x) for x in times] if raw else [(n, float(np.median(times)))] * len(times)
         return np.asarray(rows, dtype=float).reshape(-1, 2)
 
-    def _fit(self) -> LatencyFit | None:
-        arr = self._recent_batches()
+    def _fit(self, cpu: bool = False) -> LatencyFit | None:
+        arr = self._recent_batches(cpu)
         return fit_batch_latency(arr[:, 0], arr[:, 1]) if len(arr) else None
 
     def _clip(self, p: TuningParams) -> TuningParams:

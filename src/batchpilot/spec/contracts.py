@@ -51,6 +51,7 @@ class PlanState(_Wire):
     arrival_rate: float
     clients: int | None = None  # closed loop: the population
     think_ms: float | None = None  # closed loop: a client's time outside the server per round trip
+    frontend_cpu_ms: float | None = None  # one core: CPU per item beyond this model's executor, charged
     feasible: bool
     predicted_items_per_s: float | None = None
     predicted_p99_ms: float | None = None

@@ -42,9 +42,11 @@ class BatchTimings:
     tokens_useful: int = 0
     tokens_computed: int = 0
     executions: list[tuple[int, float, float, float]] = field(default_factory=list)  # (size, in, infer, out)
+    cpu_s: list[float] = field(default_factory=list)  # per execution: the executing thread's CPU time
 
-    def add(self, size: int, t_in: float, t_infer: float, t_out: float) -> None:
+    def add(self, size: int, t_in: float, t_infer: float, t_out: float, cpu_s: float) -> None:
         self.executions.append((size, t_in, t_infer, t_out))
+        self.cpu_s.append(cpu_s)
         self.input_s += t_in
         self.infer_s += t_infer
         self.output_s += t_out
@@ -162,7 +164,7 @@ class Executor:
     def _forward_host(self, part: list[Slice], timings: BatchTimings, slot: HostStaging | None) -> list[Outputs]:
         """The model on the CPU (or any device without streams: a synchronous copy each way)."""
         size = sum(s.size for s in part)
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         args = [self._to_device(a) for a in self._host_batch(part, timings, slot)]
         t1 = time.perf_counter()
         with self._launch:
@@ -173,7 +175,7 @@ class Executor:
             arrays = [a.copy() if slot.holds(a) else a for a in arrays]
         outputs = self._split(part, arrays)
         t3 = time.perf_counter()
-        timings.add(size, t1 - t0, t2 - t1, t3 - t2)
+        timings.add(size, t1 - t0, t2 - t1, t3 - t2, time.thread_time() - c0)
         return outputs
 
     def _forward_cuda(self, part: list[Slice], timings: BatchTimings, slot: HostStaging | None) -> list[Outputs]:
@@ -181,7 +183,7 @@ class Executor:
         then wait, without the launch lock, for this batch only (the next one's copy and launch go on)."""
         size = sum(s.size for s in part)
         copy_stream, compute_stream = self._copy_stream, self._compute_stream
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         host = self._host_batch(part, timings, slot)
         with torch.cuda.stream(copy_stream):
             args = [torch.from_numpy(a).to(self.device, non_blocking=True) for a in host]
@@ -206,7 +208,7 @@ class Executor:
         t2 = time.perf_counter()
         outputs = self._split(part, [b.numpy() for b in back])
         t3 = time.perf_counter()
-        timings.add(size, t1 - t0, t2 - t1, t3 - t2)
+        timings.add(size, t1 - t0, t2 - t1, t3 - t2, time.thread_time() - c0)
         return outputs
 
     def _host_batch(self, part: list[Slice], timings: BatchTimings, slot: HostStaging | None) -> list[np.ndarray]:

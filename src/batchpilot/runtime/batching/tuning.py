@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -53,17 +54,27 @@ class AutoTuner(StaticTuner):
 
     adaptive = True
 
-    def __init__(self, spec: ModelSpec, params: TuningParams, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        params: TuningParams,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ) -> None:
         super().__init__(spec, params)
         self.clock = clock
-        self.autotuner = Autotuner(spec.autotune, _clamp(params, spec))
+        self.cpu_clock = cpu_clock  # the whole process's CPU time: front-ends and every model's executor
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+        self.autotuner = Autotuner(spec.autotune, _clamp(params, spec), cores=cores)
 
     # -- observer events ---------------------------------------------------------------------------
     def arrived(self, request: Pending) -> None:
         self.autotuner.record_arrival(request.n, self.clock())
 
-    def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
-        self.autotuner.record_batch(size, input_s + infer_s + output_s, self.clock())
+    def batch_done(self, timings: BatchTimings) -> None:
+        now = self.clock()
+        for (size, t_in, t_infer, t_out), cpu_s in zip(timings.executions, timings.cpu_s, strict=True):
+            self.autotuner.record_batch(size, t_in + t_infer + t_out, now, cpu_s=cpu_s)
 
     def finished(
         self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
@@ -87,7 +98,9 @@ class AutoTuner(StaticTuner):
         return super().lower_ceiling(ceiling)
 
     def step(self) -> Decision | None:
-        decision = self.autotuner.step(self.clock())
+        now = self.clock()
+        self.autotuner.record_cpu(self.cpu_clock(), now)
+        decision = self.autotuner.step(now)
         if decision is not None:
             old, self.params = self.params, decision.params
             log.info(
