@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchpilot.runtime.autotune_model import TuningParams, delay_ladder, fit_batch_latency, predict, read_workload
+from batchpilot.runtime.autotune_model import TuningParams, delay_ladder, fit_batch_latency, read_workload
 from batchpilot.runtime.autotuner import MAX_MEASURE_S, SETTLE_S, Autotuner
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
 from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
@@ -89,15 +89,6 @@ def test_fit_recovers_the_latency_model_and_is_pessimistic_on_one_size() -> None
     one = fit_batch_latency(np.full(8, 16.0), np.full(8, 0.008))
     assert one is not None and one.one_size and one(32) == pytest.approx(0.016)  # no batching gain assumed
     assert fit_batch_latency(sizes[:2], sizes[:2]) is None
-
-
-def test_predictor_sees_instability_and_prices_the_window() -> None:
-    sizes = np.array([1.0, 8.0, 32.0, 64.0])
-    fit = fit_batch_latency(sizes, CPU.a_s * sizes + CPU.b_s)
-    assert fit is not None
-    assert math.isinf(predict(TuningParams(4, 0.0), 1500, fit).p99_s)  # 4 items per 2.8 ms < 1500/s
-    fast, waiting = predict(TuningParams(32, 0.0), 1500, fit), predict(TuningParams(32, 0.010), 1500, fit)
-    assert math.isfinite(fast.p99_s) and waiting.p99_s > fast.p99_s
 
 
 def test_delay_ladder_stays_in_bounds() -> None:

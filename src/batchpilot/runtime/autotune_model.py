@@ -1,4 +1,4 @@
-"""The autotuner's vocabulary and measurements: parameters, batch-latency fit, analytic predictor.
+"""The autotuner's vocabulary and measurements: parameters, batch-latency fit, the load as read, epochs.
 
 Pure functions and plain accumulators; the policy that uses them lives in `autotuner.py`.
 """
@@ -70,36 +70,6 @@ def read_workload(m: Measurement) -> Workload:
         return Workload(False, rate, clients, math.inf)
     think = max(0.0, clients / rate - m.mean_s)
     return Workload(think <= m.mean_s, rate, clients, think)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    p99_s: float
-    floor_s: float  # the window plus one typical batch, without queueing or spread: the best case
-
-
-def predict(params: TuningParams, rate: float, fit: LatencyFit) -> Prediction:
-    """Rough open-loop p99 of a work-conserving batcher at `rate` items/s (inf when unstable).
-
-    While the executor is busy the next batch gathers what arrives during one execution, so the
-    busy-regime batch size solves n = rate * d(n); otherwise a batch gathers its first request's
-    company during the window. A request then waits for its window, the batch ahead, and its own
-    batch; the batch size's spread grows as rate*a (the load on the per-item cost) nears 1.
-    Only used to rank and screen candidates; the controller corrects it with the observed p99.
-    """
-    n_max, delay = params.max_batch_size, params.max_queue_delay_s
-    if rate <= 0:
-        return Prediction(delay + fit(1), delay + fit(1))
-    per_item_load = rate * fit.a_s
-    busy_n = rate * fit.b_s / (1.0 - per_item_load) if per_item_load < 1 else math.inf
-    window = min(delay, (n_max - 1) / rate)
-    n = min(float(n_max), max(busy_n, 1.0 + rate * window))
-    if n >= n_max and rate * fit(n_max) >= n_max:  # full batches cannot keep up
-        return Prediction(math.inf, window + fit(n))
-    spread = 1.0 + 0.7 * min(per_item_load, 0.95) / (1.0 - min(per_item_load, 0.95))
-    full_load = rate * fit(n) / n  # executor utilisation with batches of n
-    queueing = 1.0 / (1.0 - full_load) if n >= n_max and full_load < 1 else 1.0
-    return Prediction(window + 2.0 * fit(n) * spread * queueing, window + fit(n))
 
 
 def delay_ladder(lo_s: float, hi_s: float) -> list[float]:

@@ -28,6 +28,10 @@ p99 meets the SLO, within 7% while the setting's executor load (rate / full-batc
 most 0.75 and within 49% above it (the tail near saturation is noisy in both); the pick is within 5%
 of the best static setting's throughput with its simulated p99 within the SLO. A plan over the
 35-setting grid takes 4-32 ms in CPython.
+
+Closed loop (`plan_closed`, `predict_closed`): a population of clients, each sending its next request
+a think time after its answer, so the setting decides the rate; same release rule, simulated over the
+clients' pending arrivals. Against the simulator: throughput within 4.2%, p99 within 9%.
 """
 
 from __future__ import annotations
