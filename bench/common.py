@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -19,14 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batchpilot.runtime.demo_models import build_demo_modules
+from batchpilot.runtime.demo_models import IMAGE_SIZE, VOCAB_SIZE, build_demo_modules
 from batchpilot.testing.loadgen import _read_response
 from batchpilot.testing.processes import child_process, free_port, serving
+from batchpilot.testing.requests import v2_binary_body
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU = "0"  # the server gets one core...
 CLIENT_CPU = "1"  # ...and the load generator the other
 BENCH_LOCK = Path("/tmp/batchpilot-bench.lock")  # benchmarks on this shared machine never overlap
+SEQ_LEN = 32  # every NLP request carries exactly this many tokens, so every system does the same work
 
 
 @contextmanager
@@ -156,6 +159,66 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+@dataclass
+class Workload:
+    model: str
+    body_label: str
+    body: bytes
+    headers: dict[str, str]
+
+
+# -- request bodies (wrk's and the asyncio clients') ----------------------------------------------------------
+def v2_json(name: str, datatype: str, array: np.ndarray) -> bytes:
+    """A compact v2 JSON infer request with one input (flat `data`)."""
+    doc = {
+        "inputs": [{"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.reshape(-1).tolist()}]
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def workloads() -> dict[str, list[Workload]]:
+    """Per model: the v2 JSON body every system gets, plus BatchPilot's binary-tensor extra."""
+    rng = np.random.default_rng(0)
+    values = np.round(rng.standard_normal((1, 3, IMAGE_SIZE, IMAGE_SIZE)), 3)  # 3 decimals: ~78 KB of JSON
+    image = values.astype(np.float32)
+    tokens = rng.integers(1, VOCAB_SIZE, size=(1, SEQ_LEN), dtype=np.int64)
+    json_headers = {"Content-Type": "application/json"}
+    cv_json = v2_json("image", "FP32", values)
+    nlp_json = v2_json("input_ids", "INT64", tokens)
+    return {
+        "json": [
+            Workload("resnet-mini", f"v2 JSON FP32 [1,3,64,64], {len(cv_json) / 1e3:.0f} KB", cv_json, json_headers),
+            Workload("textcls", f"v2 JSON INT64 [1,{SEQ_LEN}], {len(nlp_json)} B", nlp_json, json_headers),
+        ],
+        "binary": [
+            Workload(
+                "resnet-mini",
+                "v2 binary tensors FP32 [1,3,64,64] (binary output)",
+                *v2_binary_body("image", "FP32", image, ["logits"]),
+            ),
+            Workload(
+                "textcls",
+                f"v2 binary tensors INT64 [1,{SEQ_LEN}] (binary outputs)",
+                *v2_binary_body("input_ids", "INT64", tokens, ["logits", "token_scores"]),
+            ),
+        ],
+    }
+
+
+def machine() -> str:
+    """CPU model, cores, memory, kernel and Python, for the results pages."""
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
+    return f"{cpu}, {os.cpu_count()} cores, {mem / 2**20:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def v2_json_body(name: str, datatype: str, shape: list[int], data: list) -> bytes:
