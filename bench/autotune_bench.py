@@ -153,10 +153,10 @@ QUICK = replace(
     settle_s=2,
     open_loads=[0.8],
     open_s=3.0,
-    step_s=4.0,
+    step_s=3.0,
     skip_s=1.0,
-    two_s=4.0,
-    single_s=3.0,
+    two_s=3.0,
+    single_s=2.0,
 )
 
 
@@ -328,10 +328,18 @@ def measured(t: Timeline, t0: float, t1: float, slo_ms: float) -> dict[str, Any]
 
 
 @contextmanager
-def tuned_server(repo: Path, log: Path, *docs: dict[str, Any]) -> Iterator[int]:
-    """A fresh server (cold autotuner) with its INFO log kept in `log`; yields its HTTP port."""
-    with batchpilot_server_logged(repo, env=specs_env(*docs), log=log) as (port, _):
+def server(repo: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[int]:
+    """A fresh `batchpilot serve` on the server core (with `log`: its INFO log, the autotune decisions, kept
+    there); yields its HTTP port and prints how long it took to start and to stop."""
+    started = time.perf_counter()
+    with (
+        batchpilot_server_logged(repo, *extra, env=env, log=log) if log else batchpilot_server(repo, *extra, env=env)
+    ) as (port, _):
+        up = time.perf_counter()
+        print(f"    (server up in {up - started:.1f} s)", flush=True)
         yield port
+        stopping = time.perf_counter()
+    print(f"    (server stopped in {time.perf_counter() - stopping:.1f} s)", flush=True)
 
 
 def levels_phase(
@@ -349,7 +357,7 @@ def levels_phase(
             for enc in cfg.encodings
         },
     }
-    with batchpilot_server(grid_dir) as (port, _):
+    with server(grid_dir) as port:
 
         def url(n: int, d: int) -> str:
             return f"http://{HOST}:{port}/v2/models/{grid_name(model, n, d)}/infer"
@@ -392,7 +400,7 @@ def levels_phase(
         body = workload(model, enc)
         for c in cfg.levels:
             log = logs / f"levels-{model}-{enc}-c{c}.log"
-            with tuned_server(solo, log, spec_doc(spec, slo_ms=slo)) as port:
+            with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
                 infer = f"http://{HOST}:{port}/v2/models/{model}/infer"
                 t0 = time.perf_counter()
                 with Poller(port, model, t0) as poller:
@@ -489,7 +497,7 @@ def measure_capacity(solo: Path, spec: ModelSpec, cfg: Config, tmp: Path) -> dic
     """No levels results: a dedicated 64-connection measurement of the demo's static setting."""
     static = (spec.batching.max_batch_size, spec.batching.max_queue_delay_microseconds // 1000)
     body = workload(spec.name, cfg.client_encoding)
-    with batchpilot_server(solo, env=specs_env(spec_doc(spec, static=static))) as (port, _):
+    with server(solo, env=specs_env(spec_doc(spec, static=static))) as port:
         url = f"http://{HOST}:{port}/v2/models/{spec.name}/infer"
         wrk_run(url, body, 64, cfg.static_warm_s, tmp)
         row = wrk_run(url, body, 64, 2 * cfg.static_s, tmp)
@@ -508,7 +516,7 @@ def open_phase(
     solo = solo_repository(repo, work, model)
     static = (int(cap["setting"][0]), int(cap["setting"][1]))
     rows = []
-    with batchpilot_server(solo, env=specs_env(spec_doc(spec, static=static))) as (port, _):
+    with server(solo, env=specs_env(spec_doc(spec, static=static))) as port:
         requests = client_requests(model, cfg.client_encoding, port)
         for load in cfg.open_loads:
             rate = load * cap["rps"]
@@ -518,7 +526,7 @@ def open_phase(
     for i, load in enumerate(cfg.open_loads):
         rate = load * cap["rps"]
         log = logs / f"open-{model}-{i}.log"
-        with tuned_server(solo, log, spec_doc(spec, slo_ms=slo)) as port:
+        with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
             requests = client_requests(model, cfg.client_encoding, port)
             t0 = time.perf_counter()
             with Poller(port, model, t0) as poller:
@@ -577,7 +585,7 @@ def steps_phase(
         kinds.append(("open", [(cfg.step_s, r), (cfg.step_s, 3 * r), (cfg.step_s, r)]))
     for kind, schedule in kinds:
         log = logs / f"steps-{model}-{kind}.log"
-        with tuned_server(solo, log, spec_doc(spec, slo_ms=slo)) as port:
+        with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
             requests = client_requests(model, cfg.client_encoding, port)
             t0 = time.perf_counter()
             with Poller(port, model, t0) as poller:
@@ -639,7 +647,7 @@ def two_phase(
         ]
         warm = cfg.settle_s if mode == "autotuned" else cfg.static_warm_s
         log = logs / f"two-{mode}.log"
-        with tuned_server(repo, log, *docs) as port, ExitStack() as stack:
+        with server(repo, env=specs_env(*docs), log=log) as port, ExitStack() as stack:
             t0 = time.perf_counter()
             pollers = {m: stack.enter_context(Poller(port, m, t0)) for m in MODELS}
             schedule = [(float(warm), c), (cfg.two_s, c)]
@@ -683,7 +691,7 @@ def single_phase(repo: Path, work: Path, spec: ModelSpec, slo: float, cfg: Confi
         ("autotune", (), specs_env(spec_doc(spec, slo_ms=slo))),
         ("no batching", ("--no-batching",), None),
     ):
-        with batchpilot_server(solo, *extra, env=env) as (port, _):
+        with server(solo, *extra, env=env) as port:
             requests = client_requests(model, cfg.client_encoding, port)
             t = asyncio.run(closed_loop_timeline(HOST, port, requests, [(warm, 1), (cfg.single_s, 1)]))
             state = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
@@ -1183,6 +1191,7 @@ def plot_steps(results: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     fig, axes = plt.subplots(2, len(runs), figsize=(5.5 * len(runs), 6.5), sharex="col", squeeze=False)
     for col, (m, kind, r) in enumerate(runs):
@@ -1192,6 +1201,8 @@ def plot_steps(results: dict[str, Any], path: Path) -> None:
         top.plot(t, [w["p99_ms"] for w in run["windows"]], "r.-", label="p99 per 1-s window")
         top.axhline(slo, color="r", linestyle=":", label=f"SLO {slo:g} ms")
         top.set(yscale="log", ylabel="p99 ms", title=f"{m}: {kind} loop steps")
+        top.yaxis.set_major_formatter(ScalarFormatter())
+        top.yaxis.set_minor_formatter(ScalarFormatter())
         rate = top.twinx()
         rate.plot(t, [w["requests_per_s"] for w in run["windows"]], "b-", alpha=0.6, label="req/s")
         for step in run["steps"]:
@@ -1222,8 +1233,8 @@ def plot_steps(results: dict[str, Any], path: Path) -> None:
 
 
 # -- the plan (how long a run takes) and main -------------------------------------------------------------
-SERVER_START_S = 8.0  # a fresh one-model server: python + torch import, load, warm-up, and its stop
-GRID_MODEL_START_S = 0.7  # per model of a grid server
+SERVER_START_S = 6.0  # a fresh one-model server: python + torch import, load, warm-up, and its stop
+GRID_MODEL_START_S = 0.5  # per model of a grid server
 WRK_OVERHEAD_S = 0.3  # per wrk run: process start, connections
 
 
