@@ -493,6 +493,9 @@ def level_oracle_rps(results: dict[str, Any], model: str, c: int, slo: float, cf
     return None, None
 
 
+MEASURED_CAPACITY: dict[str, dict[str, Any]] = {}  # per model: measured once per run when there are no levels results
+
+
 def measure_capacity(solo: Path, spec: ModelSpec, cfg: Config, tmp: Path) -> dict[str, Any]:
     """No levels results: a dedicated 64-connection measurement of the demo's static setting."""
     static = (spec.batching.max_batch_size, spec.batching.max_queue_delay_microseconds // 1000)
@@ -822,7 +825,8 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         f"Autotuned: the model alone in a fresh server per level, cold; the first {cfg['settle_s']} s are discarded "
         f"as the tuner's settling, the next {cfg['tuned_s'] - cfg['settle_s']} s measured. SLO per model: "
         + ", ".join(f"{m} {lv_all[m]['slo_ms']:g} ms" for m in lv_all)
-        + ".",
+        + "."
+        + differing(lv_all, "levels delays_ms static_s grid_warmup_s top tuned_s settle_s"),
         table(headers, rows),
         "![throughput ratio and p99 per level](autotune-levels.png)",
         f"### The oracle's noise: the top {cfg['top']} static settings of each level, run 1 and run 2 (req/s / p99 ms)",
@@ -832,6 +836,16 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         + "\n\n</details>",
     ]
     return text, verdicts
+
+
+def differing(entries: dict[str, Any], relevant: str) -> str:
+    """A caveat when a phase's models were measured with different settings (`relevant`: the config keys
+    that matter to it; by different runs): the section's text states the first model's."""
+    configs = [e["config"] for e in entries.values()]
+    keys = [k for k in relevant.split() if any(c.get(k) != configs[0].get(k) for c in configs)]
+    first = next(iter(entries))
+    verb = "differs" if len(keys) == 1 else "differ"
+    return f" (Settings as for {first}; {', '.join(keys)} {verb} between the models: see the runs.)" if keys else ""
 
 
 def plan_text(plan: Any) -> str:
@@ -889,7 +903,8 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         f"({cfg['client_encoding']} bodies), keep-alive connections opened as needed; latency counts from each "
         "request's scheduled arrival (the client's own lateness included: its p99 is the last column). "
         "Achieved = answers with status 200 per second; errors = non-200 answers by status and requests with no "
-        "answer; unfinished = still unanswered 10 s after the last arrival.",
+        "answer; unfinished = still unanswered 10 s after the last arrival."
+        + differing(op, "open_loads open_s settle_s client_encoding"),
         table(
             [
                 "model",
@@ -987,7 +1002,8 @@ def steps_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "that window's own arrivals, which Poisson noise moves by several %), from the step's start. SLO "
         f"attainment and req/s over the windows after the step's first {cfg['skip_s']:g} s. Changes/min = "
         "parameter changes seen by polling /batching every 0.5 s, from the time to target on (from "
-        f"{cfg['skip_s']:g} s when never reached).",
+        f"{cfg['skip_s']:g} s when never reached)."
+        + differing(st, "step_clients step_rate step_s skip_s client_encoding"),
         table(
             [
                 "model",
@@ -1071,6 +1087,8 @@ def single_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     cfg = next(iter(sg.values()))["config"]
     return [
         f"## 6. One client alone ({cfg['single_s']:g} s after {min(3, cfg['settle_s'])} s of warm-up)",
+        f"A closed-loop asyncio client ({cfg['client_encoding']} bodies), one request at a time."
+        + differing(sg, "single_s settle_s client_encoding"),
         table(
             [
                 "model",
@@ -1396,10 +1414,10 @@ def run_phase(
     elif phase == "single":
         into[model] = single_phase(repo, work, spec, slo, cfg)
     else:
-        cap = capacity(results, model, slo, cfg)
+        cap = capacity(results, model, slo, cfg) or MEASURED_CAPACITY.get(model)
         if cap is None:
             print(f"  {model}: no levels results for the capacity: measuring it ...", flush=True)
-            cap = measure_capacity(solo_repository(repo, work, model), spec, cfg, tmp)
+            cap = MEASURED_CAPACITY[model] = measure_capacity(solo_repository(repo, work, model), spec, cfg, tmp)
         print(f"  {model}: capacity {cap['rps']:.0f} req/s ({cap['source']})", flush=True)
         if phase == "open":
             into[model] = open_phase(repo, work, logs, spec, slo, cfg, cap, tmp)
