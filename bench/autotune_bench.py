@@ -795,7 +795,7 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     f"{slo:g} ms at {slo_met}/{slo_levels} levels where some static setting meets it "
                     f"({'met' if slo_met == slo_levels else 'NOT met'})"
                 )
-    cfg = next(iter(lv_all.values()))["config"]
+    cfg = next(lv_all[m] for m in MODELS if m in lv_all)["config"]  # the one `differing` names
     headers = [
         "model",
         "body",
@@ -824,7 +824,7 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "mean of those two runs whose p99 met the SLO in both (* = in the first run only); its req/s is that mean. "
         f"Autotuned: the model alone in a fresh server per level, cold; the first {cfg['settle_s']} s are discarded "
         f"as the tuner's settling, the next {cfg['tuned_s'] - cfg['settle_s']} s measured. SLO per model: "
-        + ", ".join(f"{m} {lv_all[m]['slo_ms']:g} ms" for m in lv_all)
+        + ", ".join(f"{m} {lv_all[m]['slo_ms']:g} ms" for m in MODELS if m in lv_all)
         + "."
         + differing(lv_all, "levels delays_ms static_s grid_warmup_s top tuned_s settle_s"),
         table(headers, rows),
@@ -841,9 +841,10 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
 def differing(entries: dict[str, Any], relevant: str) -> str:
     """A caveat when a phase's models were measured with different settings (`relevant`: the config keys
     that matter to it; by different runs): the section's text states the first model's."""
-    configs = [e["config"] for e in entries.values()]
+    models = [m for m in MODELS if m in entries]
+    configs = [entries[m]["config"] for m in models]
     keys = [k for k in relevant.split() if any(c.get(k) != configs[0].get(k) for c in configs)]
-    first = next(iter(entries))
+    first = models[0]
     verb = "differs" if len(keys) == 1 else "differ"
     return f" (Settings as for {first}; {', '.join(keys)} {verb} between the models: see the runs.)" if keys else ""
 
@@ -893,7 +894,7 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     f"errors {sum(a['errors_by_status'].values())} vs {sum(s['errors_by_status'].values())}, "
                     f"achieved {a['rps'] / a['offered_rps']:.0%} of the offered rate vs {s['rps'] / s['offered_rps']:.0%}"
                 )
-    cfg = next(iter(op.values()))["config"]
+    cfg = next(op[m] for m in MODELS if m in op)["config"]  # the one `differing` names
     caps = "; ".join(f"{m} {op[m]['capacity']['rps']:.0f} req/s ({op[m]['capacity']['source']})" for m in op)
     return [
         "## 2. Open loop (Poisson arrivals): static best setting vs autotuned",
@@ -978,7 +979,7 @@ def steps_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     if not st:
         return [], []
     rows, verdicts = [], []
-    cfg = next(iter(st.values()))["config"]
+    cfg = next(st[m] for m in MODELS if m in st)["config"]  # the one `differing` names
     for m in (m for m in MODELS if m in st):
         for kind in ("closed", "open"):
             if kind in st[m]:
@@ -1084,7 +1085,7 @@ def single_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             f"- one client, {m}: mean {a['mean_ms']:.2f} ms with autotune vs {b['mean_ms']:.2f} ms without batching "
             f"(target <= {limit:.2f} ms: {'met' if a['mean_ms'] <= limit else 'NOT met'})"
         )
-    cfg = next(iter(sg.values()))["config"]
+    cfg = next(sg[m] for m in MODELS if m in sg)["config"]  # the one `differing` names
     return [
         f"## 6. One client alone ({cfg['single_s']:g} s after {min(3, cfg['settle_s'])} s of warm-up)",
         f"A closed-loop asyncio client ({cfg['client_encoding']} bodies), one request at a time."
@@ -1165,7 +1166,7 @@ def plot_levels(results: dict[str, Any], path: Path) -> None:
     from matplotlib.ticker import ScalarFormatter
 
     models = [m for m in MODELS if m in lv_all]
-    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7), squeeze=False, sharex="col")
     for col, m in enumerate(models):
         top, bottom = axes[0][col], axes[1][col]
         slo = lv_all[m]["slo_ms"]
