@@ -1,32 +1,51 @@
-"""Autotuner benchmark on a live server: static oracle vs cold autotune, stepped load, one client alone.
+"""Autotuner benchmark on a live server: the autotuner against the best static setting (the oracle), both
+measured in the same run.
 
-One core serves (taskset), this script's asyncio load generator runs on the other; every server
-phase holds the machine-wide lock /tmp/batchpilot-bench.lock. Per demo model:
-  1. oracle: the 35 static settings (max batch 1..64 x delay 0/1/2/5/10 ms, autotune off), each a
-     model of its own in one server, at a fixed closed-loop load; the best throughput whose p99 meets
-     the SLO. Then a fresh server with autotune on, cold, at the same load: time until a 1-s window
-     reaches >= 95% of the oracle's throughput with p99 within the SLO.
-  2. stepped load: low, high, low clients; SLO hit rate of 1-s windows after each step's first
-     10 s; parameter changes per minute (polled from GET /v2/models/{m}/batching every 0.5 s).
-  3. one client alone: autotune vs --no-batching.
-Raw results go to docs/bench/autotune.json (`--phases` re-runs some phases and keeps the others').
-Prints Markdown tables, writes docs/bench/autotune.md and autotune-{cold,stepped}.png.
+Placement as bench/peers_bench.py: the server pinned to core 0 (taskset) with one torch thread, the load
+generator on core 1 (wrk for the closed-loop levels, this script's asyncio clients elsewhere). Every server
+phase holds the machine-wide lock /tmp/batchpilot-bench.lock. Both demo models: resnet-mini (CV), textcls (NLP).
 
-Usage: .venv/bin/python bench/autotune_bench.py [--slo resnet-mini=100] [--phases oracle,cold,stepped,single]
+Phases (--phases, comma-separated):
+  levels  closed loop at 1..64 connections (wrk), v2 JSON and v2 binary bodies. Per level a static sweep
+          (max batch sizes up to the level plus the next power of two, x delays; size 1 only with delay 0),
+          every setting a model of its own in one server; the top 3 re-measured after the sweep (the noise);
+          the oracle = the best mean throughput of those whose p99 met the SLO. Then the autotuned model,
+          cold and alone in a fresh server per level: the first --settle-s discarded, the rest measured.
+  open    open loop (Poisson arrivals) at 50/80/95% of the capacity (the oracle of the highest level):
+          the static best setting vs the autotuned model (fresh server per rate).
+  steps   autotuned, parameters polled every 0.5 s: closed loop 2 -> 32 -> 2 clients, open loop r -> 3r -> r.
+  two     both models in one server, each driven by its own closed-loop clients at once: autotuned pair
+          vs static pair (each at its oracle setting of that level).
+  single  one client alone: autotune vs --no-batching.
+The soak (10 minutes open loop at 85% of capacity) is bench/soak.py.
+
+Raw results go to OUT/autotune.json keyed by phase (a rerun of some phases keeps the others'); the page is
+OUT/autotune.md with OUT/autotune-levels.png and OUT/autotune-steps.png. OUT defaults to docs/bench.
+
+Usage:
+  .venv/bin/python bench/autotune_bench.py                            # every phase, both models (see --plan)
+  .venv/bin/python bench/autotune_bench.py --quick --out /tmp/at      # smoke test: a few minutes
+  .venv/bin/python bench/autotune_bench.py --phases steps,two --slo textcls=75
+  .venv/bin/python bench/autotune_bench.py --phases ''                # re-render the page from the JSON
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import math
 import os
-import platform
+import shlex
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,178 +54,242 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import itertools
-
 from common import (
     BENCH_LOCK,
     CLIENT_CPU,
     ROOT,
     SERVER_CPU,
     Timeline,
+    Workload,
     batchpilot_server,
     batchpilot_server_logged,
     bench_lock,
     closed_loop_timeline,
+    machine,
+    open_loop_timeline,
     table,
+    workloads,
+    wrk,
 )
 
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
 from batchpilot.spec.model import ModelSpec
+from batchpilot.testing.loadgen import build_request
 from batchpilot.testing.processes import get_json
-from batchpilot.testing.requests import demo_requests
 
 MODELS = ("resnet-mini", "textcls")
-SIZES = (1, 2, 4, 8, 16, 32, 64)
-DELAYS_MS = (0, 1, 2, 5, 10)
-PHASES = ("oracle", "cold", "stepped", "single")
+ENCODINGS = ("json", "binary")
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # the demo models' autotune bounds: batch 1..64
+PHASES = ("levels", "open", "steps", "two", "single")
 HOST = "127.0.0.1"
+POLL_S = 0.5
+FORMAT = 2  # the layout of autotune.json; older files (keyed by model) are not merged
 
 
+@dataclass
+class Config:
+    """Everything a run's figures depend on (stored with each phase's results)."""
+
+    models: list[str]
+    encodings: list[str]  # the levels phase's request bodies (wrk)
+    levels: list[int]  # closed-loop connections
+    delays_ms: list[int]
+    static_s: int  # measured seconds per static setting (wrk takes whole seconds)
+    grid_warmup_s: int  # one wrk run per grid model before the sweep (TorchScript specialises on first calls)
+    top: int  # static settings re-measured per level (the oracle's noise)
+    tuned_s: int  # an autotuned run in all...
+    settle_s: int  # ...of which the first seconds are discarded as the tuner's settling
+    open_loads: list[float]  # fractions of the capacity
+    open_s: float  # measured seconds per open-loop rate
+    step_clients: list[int]  # the closed-loop steps
+    step_rate: float  # open-loop steps: r as a fraction of the capacity (r -> 3r -> r)
+    step_s: float
+    skip_s: float  # a step's first seconds left out of the SLO attainment
+    two_clients: int  # per model, in the two-model phase
+    two_s: float
+    single_s: float
+    client_encoding: str  # the asyncio clients' body (open, steps, two, single)
+
+    @property
+    def static_warm_s(self) -> int:
+        """Warm-up of a static server before its measurement (discarded)."""
+        return min(2, self.settle_s)
+
+    def dump(self) -> dict[str, Any]:
+        return asdict(self) | {"static_warm_s": self.static_warm_s}
+
+
+FULL = Config(
+    models=list(MODELS),
+    encodings=list(ENCODINGS),
+    levels=[1, 2, 4, 8, 16, 32, 64],
+    delays_ms=[0, 1, 2, 5, 10],
+    static_s=4,
+    grid_warmup_s=1,
+    top=3,
+    tuned_s=20,
+    settle_s=8,
+    open_loads=[0.5, 0.8, 0.95],
+    open_s=20.0,
+    step_clients=[2, 32, 2],
+    step_rate=0.3,
+    step_s=30.0,
+    skip_s=10.0,
+    two_clients=16,
+    two_s=30.0,
+    single_s=10.0,
+    client_encoding="binary",
+)
+QUICK = replace(
+    FULL,
+    models=["textcls"],
+    encodings=["binary"],
+    levels=[1, 8, 32],
+    delays_ms=[0, 5],
+    static_s=1,
+    grid_warmup_s=0,
+    tuned_s=6,
+    settle_s=2,
+    open_loads=[0.8],
+    open_s=3.0,
+    step_s=3.0,
+    skip_s=1.0,
+    two_s=3.0,
+    single_s=2.0,
+)
+
+
+# -- settings, specs, servers -----------------------------------------------------------------------------
+def level_sizes(c: int) -> list[int]:
+    """Max batch sizes worth sweeping at `c` connections: above c they act like c up to timing, so the
+    powers of two <= c plus the next one (c=1 sweeps 1 and 2)."""
+    return [n for n in SIZES if n <= c] + [n for n in SIZES if n > c][:1]
+
+
+def level_settings(c: int, delays_ms: list[int]) -> list[tuple[int, int]]:
+    """(max batch size, delay ms) swept at `c` connections; size 1 only with delay 0 (nothing to wait for)."""
+    return [(n, d) for n in level_sizes(c) for d in ([0] if n == 1 else delays_ms)]
+
+
+def grid_name(model: str, n: int, d: int) -> str:
+    return f"{model}-b{n}-d{d}"
+
+
+def grid_repository(src: Path, dst: Path, spec: ModelSpec, settings: list[tuple[int, int]]) -> None:
+    """One model per static setting (autotune off), all sharing the demo model's weights."""
+    for n, d in settings:
+        folder = dst / grid_name(spec.name, n, d)
+        folder.mkdir(parents=True)
+        (folder / "model.pt").symlink_to(src / spec.name / "model.pt")
+        doc = spec.model_dump(mode="json")
+        doc.update(
+            name=folder.name,
+            batching={**doc["batching"], "max_batch_size": n, "max_queue_delay_microseconds": d * 1000},
+        )
+        doc["autotune"]["enabled"] = False
+        (folder / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def solo_repository(repo: Path, work: Path, model: str) -> Path:
+    """A repository holding only `model`, so its server loads nothing else."""
+    solo = work / f"solo-{model}"
+    if not solo.exists():
+        solo.mkdir()
+        (solo / model).symlink_to(repo / model)
+    return solo
+
+
+def spec_doc(spec: ModelSpec, *, slo_ms: float | None = None, static: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The model's spec for BATCHPILOT_MODEL_SPECS: autotuned with this SLO, or fixed at (size, delay ms)."""
+    doc = spec.model_dump(mode="json", by_alias=True)
+    if static is None:
+        doc["autotune"].update(enabled=True, latencySloP99Ms=slo_ms)
+    else:
+        doc["autotune"]["enabled"] = False
+        doc["batching"].update(maxBatchSize=static[0], maxQueueDelayMicroseconds=static[1] * 1000)
+    return doc
+
+
+def specs_env(*docs: dict[str, Any]) -> dict[str, str]:
+    return {SPECS_ENV: json.dumps(list(docs))}
+
+
+def workload(model: str, encoding: str) -> Workload:
+    return next(w for w in workloads()[encoding] if w.model == model)
+
+
+def client_requests(model: str, encoding: str, port: int) -> list[bytes]:
+    """The asyncio clients' request: the same body wrk sends in the levels phase."""
+    w = workload(model, encoding)
+    return [build_request(f"{HOST}:{port}", f"/v2/models/{model}/infer", w.body, w.headers)]
+
+
+def autotune_events(log: Path, model: str) -> list[dict[str, Any]]:
+    """The server log's autotune decisions (INFO lines whose JSON says "event": "autotune")."""
+    events = []
+    for line in log.read_text(errors="replace").splitlines():
+        if '"event": "autotune"' in line:
+            event = json.loads(line[line.index("{") :])
+            if event.get("model") == model:
+                events.append(event)
+    return events
+
+
+# -- parameter polling ------------------------------------------------------------------------------------
 @dataclass
 class Poll:
     t_s: float
     max_batch_size: int
     delay_ms: float
     changes: int
+    plan: dict[str, Any] | None = (
+        None  # autotune.plan (the planner's prediction) when the server has one and it changed
+    )
 
 
-def grid_repository(src: Path, dst: Path, spec: ModelSpec) -> dict[str, tuple[int, int]]:
-    """One model per static setting (autotune off), all sharing the demo model's weights."""
-    grid = {}
-    for n in SIZES:
-        for d in DELAYS_MS:
-            name = f"{spec.name}-b{n}-d{d}"
-            folder = dst / name
-            folder.mkdir(parents=True)
-            (folder / "model.pt").symlink_to(src / spec.name / "model.pt")
-            doc = spec.model_dump(mode="json")
-            doc.update(
-                name=name, batching={**doc["batching"], "max_batch_size": n, "max_queue_delay_microseconds": d * 1000}
-            )
-            doc["autotune"]["enabled"] = False
-            (folder / "config.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-            grid[name] = (n, d)
-    return grid
+class Poller:
+    """Reads GET /v2/models/{m}/batching every 0.5 s in a thread while a load runs (times from `t0`)."""
 
+    def __init__(self, port: int, model: str, t0: float) -> None:
+        self.url = f"http://{HOST}:{port}/v2/models/{model}/batching"
+        self.t0 = t0
+        self.polls: list[Poll] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._last_plan: Any = None
 
-def autotune_env(spec: ModelSpec, slo_ms: float) -> dict[str, str]:
-    doc = spec.model_dump(mode="json", by_alias=True)
-    doc["autotune"].update(enabled=True, latencySloP99Ms=slo_ms)
-    return {SPECS_ENV: json.dumps([doc])}
+    def __enter__(self) -> Poller:
+        self._thread.start()
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
-def load(port: int, model: str, schedule: list[tuple[float, int]], poll: bool = False) -> tuple[Timeline, list[Poll]]:
-    """Run the closed-loop schedule; with `poll`, read the parameters in force every 0.5 s meanwhile."""
-    url = f"http://{HOST}:{port}/v2/models/{model}/batching"
-    base = next(m for m in MODELS if model.startswith(m))  # a grid model serves its demo model's requests
-    requests = [
-        r.replace(f"/v2/models/{base}/".encode(), f"/v2/models/{model}/".encode(), 1)
-        for r in demo_requests(base, f"{HOST}:{port}")
-    ]
-    polls: list[Poll] = []
-
-    async def poller(t0: float) -> None:
+    def _run(self) -> None:
         while True:
-            s = await asyncio.to_thread(get_json, url)
-            polls.append(
-                Poll(
-                    time.perf_counter() - t0,
-                    s["max_batch_size"],
-                    s["max_queue_delay_microseconds"] / 1e3,
-                    s["autotune"].get("changes") or 0,
+            try:
+                s = get_json(self.url)
+            except OSError:
+                s = None
+            if s is not None:
+                plan = s.get("autotune", {}).get("plan")
+                self.polls.append(
+                    Poll(
+                        time.perf_counter() - self.t0,
+                        s["max_batch_size"],
+                        s["max_queue_delay_microseconds"] / 1e3,
+                        s.get("autotune", {}).get("changes") or 0,
+                        plan if plan != self._last_plan else None,
+                    )
                 )
-            )
-            await asyncio.sleep(0.5)
+                self._last_plan = plan
+            if self._stop.wait(POLL_S):
+                return
 
-    async def main() -> Timeline:
-        task = asyncio.create_task(poller(time.perf_counter())) if poll else None
-        try:
-            return await closed_loop_timeline(HOST, port, requests, schedule)
-        finally:
-            if task:
-                task.cancel()
-
-    return asyncio.run(main()), polls
-
-
-def autotune_events(log: Path, model: str) -> list[dict[str, Any]]:
-    events = []
-    for line in log.read_text().splitlines():
-        if "batchpilot.batcher" in line and '"event": "autotune"' in line:
-            event = json.loads(line[line.index("{") :])
-            if event["model"] == model:
-                events.append(event)
-    return events
-
-
-# -- phases -----------------------------------------------------------------------------------
-def oracle_phase(repo: Path, work: Path, spec: ModelSpec, clients: int, seconds: float) -> list[dict[str, Any]]:
-    grid_dir = work / f"grid-{spec.name}"
-    grid = grid_repository(repo, grid_dir, spec)
-    rows = []
-    with batchpilot_server(grid_dir) as (port, _):
-        for name, (n, d) in grid.items():
-            timeline, _ = load(port, name, [(1.0, clients), (seconds, clients)])
-            t0 = timeline.steps[1][0]
-            rps, p99 = timeline.rate_p99(t0, t0 + seconds)
-            rows.append({"max_batch_size": n, "delay_ms": d, "rps": rps, "p99_ms": p99, "errors": timeline.errors})
-            print(f"  {spec.name} static {n:2d} / {d:2d} ms: {rps:7.1f} req/s  p99 {p99:7.1f} ms", flush=True)
-    return rows
-
-
-def tuned_phase(
-    repo: Path, logs: Path, spec: ModelSpec, slo_ms: float, schedule: list[tuple[float, int]], label: str
-) -> dict[str, Any]:
-    log = logs / f"{label}-{spec.name}.log"
-    with batchpilot_server_logged(repo, env=autotune_env(spec, slo_ms), log=log) as (port, _):
-        timeline, polls = load(port, spec.name, schedule, poll=True)
-        final = get_json(f"http://{HOST}:{port}/v2/models/{spec.name}/batching")
-    events = autotune_events(log, spec.name)
-    print(
-        f"  {spec.name} {label}: {len(events)} autotune events, final {final['max_batch_size']} / "
-        f"{final['max_queue_delay_microseconds']} us, errors {timeline.errors}",
-        flush=True,
-    )
-    return {
-        "windows": [asdict(w) for w in timeline.windows()],
-        "steps": timeline.steps,
-        "errors": timeline.errors,
-        "polls": [asdict(p) for p in polls],
-        "events": events,
-        "final": final,
-    }
-
-
-def single_phase(repo: Path, spec: ModelSpec, slo_ms: float, seconds: float) -> dict[str, Any]:
-    out = {}
-    for mode, extra, env in (("autotune", (), autotune_env(spec, slo_ms)), ("no batching", ("--no-batching",), None)):
-        with batchpilot_server(repo, *extra, env=env) as (port, _):
-            timeline, _ = load(port, spec.name, [(3.0, 1), (seconds, 1)])
-            state = get_json(f"http://{HOST}:{port}/v2/models/{spec.name}/batching")
-        lat = timeline.between(timeline.steps[1][0], float("inf")) * 1e3
-        out[mode] = {
-            "mean_ms": float(lat.mean()),
-            "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)),
-            "rps": lat.size / seconds,
-            "params": [state["max_batch_size"], state["max_queue_delay_microseconds"]],
-        }
-        print(f"  {spec.name} one client, {mode}: mean {out[mode]['mean_ms']:.2f} ms", flush=True)
-    return out
-
-
-# -- analysis ---------------------------------------------------------------------------------
-def best_static(rows: list[dict[str, Any]], slo_ms: float) -> dict[str, Any] | None:
-    ok = [r for r in rows if r["p99_ms"] <= slo_ms and not r["errors"]]
-    return max(ok, key=lambda r: r["rps"]) if ok else None
-
-
-def time_to_target(windows: list[dict[str, Any]], target_rps: float, slo_ms: float) -> float | None:
-    """End of the first 1-s window with throughput >= target and p99 within the SLO."""
-    return next(
-        (w["start_s"] + 1.0 for w in windows if w["requests_per_s"] >= target_rps and w["p99_ms"] <= slo_ms), None
-    )
+    def dump(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in asdict(p).items() if v is not None} for p in self.polls]
 
 
 def param_changes(polls: list[dict[str, Any]], t0: float, t1: float) -> int:
@@ -214,51 +297,939 @@ def param_changes(polls: list[dict[str, Any]], t0: float, t1: float) -> int:
     return sum(a != b for a, b in itertools.pairwise(seen))
 
 
-def step_rows(model: str, run: dict[str, Any], slo_ms: float, skip_s: float = 10.0) -> list[list[object]]:
+def setting(state: dict[str, Any]) -> str:
+    return f"{state['max_batch_size']} / {state['max_queue_delay_microseconds'] / 1e3:g} ms"
+
+
+# -- measurements -----------------------------------------------------------------------------------------
+def wrk_run(url: str, work: Workload, connections: int, seconds: int, tmp: Path) -> dict[str, Any]:
+    """One wrk measurement as a row; a failed wrk (or no answers at all) is a row with `failed`."""
+    try:
+        r = wrk(url, work.body, work.headers, connections=connections, duration_s=seconds, workdir=tmp)
+    except (subprocess.SubprocessError, AttributeError, OSError) as exc:
+        return {"rps": 0.0, "p50_ms": math.nan, "p99_ms": math.nan, "errors": 1, "failed": f"{type(exc).__name__}"}
+    return {"rps": r.requests_per_s, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors}
+
+
+def measured(t: Timeline, t0: float, t1: float, slo_ms: float) -> dict[str, Any]:
+    """A timeline's figures over [t0, t1): successful answers per second, latency, errors by status."""
+    lat = t.between(t0, t1) * 1e3
+    statuses = t.statuses(t0, t1)
+    windows = t.windows(1.0, t0, t1)
+    return {
+        "seconds": t1 - t0,
+        "rps": lat.size / (t1 - t0),
+        "p50_ms": float(np.percentile(lat, 50)) if lat.size else math.nan,
+        "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
+        "errors_by_status": {str(k): v for k, v in statuses.items() if k != 200},  # "0" = no answer
+        "windows_in_slo": sum(w.p99_ms <= slo_ms for w in windows),
+        "windows": len(windows),
+    }
+
+
+@contextmanager
+def server(repo: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[int]:
+    """A fresh `batchpilot serve` on the server core (with `log`: its INFO log, the autotune decisions, kept
+    there); yields its HTTP port and prints how long it took to start and to stop."""
+    started = time.perf_counter()
+    with (
+        batchpilot_server_logged(repo, *extra, env=env, log=log) if log else batchpilot_server(repo, *extra, env=env)
+    ) as (port, _):
+        up = time.perf_counter()
+        print(f"    (server up in {up - started:.1f} s)", flush=True)
+        yield port
+        stopping = time.perf_counter()
+    print(f"    (server stopped in {time.perf_counter() - stopping:.1f} s)", flush=True)
+
+
+def levels_phase(
+    repo: Path, work: Path, logs: Path, spec: ModelSpec, slo: float, cfg: Config, tmp: Path
+) -> dict[str, Any]:
+    model = spec.name
+    per_level = {c: level_settings(c, cfg.delays_ms) for c in cfg.levels}
+    grid_dir = work / f"grid-{model}"
+    grid_repository(repo, grid_dir, spec, sorted({s for ss in per_level.values() for s in ss}))
+    out: dict[str, Any] = {
+        "slo_ms": slo,
+        "config": cfg.dump(),
+        "encodings": {
+            enc: {"body": workload(model, enc).body_label, "levels": {str(c): {} for c in cfg.levels}}
+            for enc in cfg.encodings
+        },
+    }
+    with server(grid_dir) as port:
+
+        def url(n: int, d: int) -> str:
+            return f"http://{HOST}:{port}/v2/models/{grid_name(model, n, d)}/infer"
+
+        if cfg.grid_warmup_s:
+            print(f"  {model}: warming up {len(list(grid_dir.iterdir()))} grid models ...", flush=True)
+            for folder in sorted(grid_dir.iterdir()):
+                n, d = (int(x[1:]) for x in folder.name.rsplit("-", 2)[1:])
+                wrk_run(url(n, d), workload(model, cfg.encodings[0]), min(64, 2 * n), cfg.grid_warmup_s, tmp)
+        for enc in cfg.encodings:
+            body = workload(model, enc)
+            for c in cfg.levels:
+                rows = []
+                for n, d in per_level[c]:
+                    row = {"max_batch_size": n, "delay_ms": d, **wrk_run(url(n, d), body, c, cfg.static_s, tmp)}
+                    rows.append(row)
+                    print(
+                        f"  {model} {enc} c={c:2d} static {n:2d} / {d:2d} ms: {row['rps']:7.1f} req/s  "
+                        f"p99 {row['p99_ms']:7.1f} ms{'  errors ' + str(row['errors']) if row['errors'] else ''}",
+                        flush=True,
+                    )
+                out["encodings"][enc]["levels"][str(c)]["static"] = rows
+        # Second runs of each level's best settings, after the whole sweep: how far a measurement moves.
+        for enc in cfg.encodings:
+            body = workload(model, enc)
+            for c in cfg.levels:
+                lv = out["encodings"][enc]["levels"][str(c)]
+                lv["repeat"] = []
+                for first in top_static(lv["static"], slo, cfg.top):
+                    n, d = first["max_batch_size"], first["delay_ms"]
+                    row = {"max_batch_size": n, "delay_ms": d, **wrk_run(url(n, d), body, c, cfg.static_s, tmp)}
+                    lv["repeat"].append(row)
+                    print(
+                        f"  {model} {enc} c={c:2d} again  {n:2d} / {d:2d} ms: {row['rps']:7.1f} req/s  "
+                        f"p99 {row['p99_ms']:7.1f} ms (first run {first['rps']:.1f} / {first['p99_ms']:.1f})",
+                        flush=True,
+                    )
+    solo = solo_repository(repo, work, model)
+    for enc in cfg.encodings:
+        body = workload(model, enc)
+        for c in cfg.levels:
+            log = logs / f"levels-{model}-{enc}-c{c}.log"
+            with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
+                infer = f"http://{HOST}:{port}/v2/models/{model}/infer"
+                t0 = time.perf_counter()
+                with Poller(port, model, t0) as poller:
+                    wrk_run(infer, body, c, cfg.settle_s, tmp)  # the tuner's settling: discarded
+                    start = time.perf_counter() - t0
+                    row = wrk_run(infer, body, c, cfg.tuned_s - cfg.settle_s, tmp)
+                final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
+            polls = poller.dump()
+            row |= {
+                "measured_from_s": start,
+                "changes_measured": param_changes(polls, start, math.inf),
+                "final": final,
+                "polls": polls,
+                "events": autotune_events(log, model),
+            }
+            out["encodings"][enc]["levels"][str(c)]["tuned"] = row
+            print(
+                f"  {model} {enc} c={c:2d} autotuned: {row['rps']:7.1f} req/s  p99 {row['p99_ms']:7.1f} ms, "
+                f"final {setting(final)}, {len(row['events'])} autotune events",
+                flush=True,
+            )
+    return out
+
+
+def top_static(rows: list[dict[str, Any]], slo: float, k: int) -> list[dict[str, Any]]:
+    """The k best first-run settings: those within the SLO (no errors) first, by throughput."""
+    return sorted(rows, key=lambda r: (not meets(r, slo), -r["rps"]))[:k]
+
+
+def meets(row: dict[str, Any], slo: float) -> bool:
+    return bool(row["p99_ms"] <= slo and not row["errors"])
+
+
+def oracle(level: dict[str, Any], slo: float) -> dict[str, Any] | None:
+    """A level's oracle from its re-measured settings: the best mean throughput of the two runs among those
+    within the SLO in both runs (else in the first run only: `both_runs` False). Without any static setting
+    within the SLO, the best mean throughput with `feasible` False (the SLO is then not asked of the tuner)."""
+    first = {(r["max_batch_size"], r["delay_ms"]): r for r in level.get("static", [])}
+    if not first:
+        return None
+    cands = []
+    for again in level.get("repeat") or [max(first.values(), key=lambda r: r["rps"])]:
+        one = first[again["max_batch_size"], again["delay_ms"]]
+        runs = [one, again] if again is not one else [one]
+        cands.append(
+            {
+                "max_batch_size": one["max_batch_size"],
+                "delay_ms": one["delay_ms"],
+                "rps": float(np.mean([r["rps"] for r in runs])),
+                "p99_ms": max(r["p99_ms"] for r in runs),
+                "runs": [(r["rps"], r["p99_ms"]) for r in runs],
+                "first_ok": meets(one, slo),
+                "both_ok": all(meets(r, slo) for r in runs),
+            }
+        )
+    feasible = any(meets(r, slo) for r in first.values())
+    for key in ("both_ok", "first_ok"):
+        ok = [x for x in cands if x[key]]
+        if ok:
+            return max(ok, key=lambda x: x["rps"]) | {"feasible": True, "both_runs": key == "both_ok"}
+    return max(cands, key=lambda x: x["rps"]) | {"feasible": feasible, "both_runs": False}
+
+
+def capacity(results: dict[str, Any], model: str, slo: float, cfg: Config) -> dict[str, Any] | None:
+    """The oracle of the highest level measured in the levels phase (the client's body preferred)."""
+    lv = results.get("levels", {}).get(model)
+    if not lv:
+        return None
+    encs = sorted(lv["encodings"], key=lambda e: e != cfg.client_encoding)
+    levels = lv["encodings"][encs[0]]["levels"]
+    top = max(levels, key=int)
+    best = oracle(levels[top], slo)
+    if not best:
+        return None
+    return {
+        "rps": best["rps"],
+        "setting": [best["max_batch_size"], best["delay_ms"]],
+        "source": f"levels phase: oracle at {top} connections, {encs[0]} bodies"
+        + ("" if best["feasible"] else " (no static setting met the SLO there: the best throughput)"),
+    }
+
+
+def level_oracle_rps(results: dict[str, Any], model: str, c: int, slo: float, cfg: Config) -> tuple[float | None, Any]:
+    """The levels phase's oracle at `c` connections (client's body preferred): (req/s, (size, delay))."""
+    lv = results.get("levels", {}).get(model)
+    for enc in sorted(lv["encodings"], key=lambda e: e != cfg.client_encoding) if lv else []:
+        level = lv["encodings"][enc]["levels"].get(str(c))
+        if level and (best := oracle(level, slo)):
+            return best["rps"], (best["max_batch_size"], best["delay_ms"])
+    return None, None
+
+
+MEASURED_CAPACITY: dict[str, dict[str, Any]] = {}  # per model: measured once per run when there are no levels results
+
+
+def measure_capacity(solo: Path, spec: ModelSpec, cfg: Config, tmp: Path) -> dict[str, Any]:
+    """No levels results: a dedicated 64-connection measurement of the demo's static setting."""
+    static = (spec.batching.max_batch_size, spec.batching.max_queue_delay_microseconds // 1000)
+    body = workload(spec.name, cfg.client_encoding)
+    with server(solo, env=specs_env(spec_doc(spec, static=static))) as port:
+        url = f"http://{HOST}:{port}/v2/models/{spec.name}/infer"
+        wrk_run(url, body, 64, cfg.static_warm_s, tmp)
+        row = wrk_run(url, body, 64, 2 * cfg.static_s, tmp)
+    return {
+        "rps": row["rps"],
+        "setting": list(static),
+        "source": f"dedicated measurement: 64 connections (wrk, {cfg.client_encoding}), the demo setting "
+        f"{static[0]} / {static[1]} ms (no levels results)",
+    }
+
+
+def open_phase(
+    repo: Path, work: Path, logs: Path, spec: ModelSpec, slo: float, cfg: Config, cap: dict[str, Any], tmp: Path
+) -> dict[str, Any]:
+    model = spec.name
+    solo = solo_repository(repo, work, model)
+    static = (int(cap["setting"][0]), int(cap["setting"][1]))
     rows = []
-    ends = [s[0] for s in run["steps"][1:]] + [run["windows"][-1]["start_s"] + 1.0]
-    for (start, clients), end in zip(run["steps"], ends, strict=False):
-        ws = [w for w in run["windows"] if w["start_s"] >= start + skip_s and w["start_s"] + 1.0 <= end]
-        met = sum(w["p99_ms"] <= slo_ms for w in ws)
-        p99s = [w["p99_ms"] for w in ws]
-        changes = param_changes(run["polls"], start + skip_s, end)
+    with server(solo, env=specs_env(spec_doc(spec, static=static))) as port:
+        requests = client_requests(model, cfg.client_encoding, port)
+        for load in cfg.open_loads:
+            rate = load * cap["rps"]
+            t = asyncio.run(open_loop_timeline(HOST, port, requests, [(cfg.static_warm_s, rate), (cfg.open_s, rate)]))
+            rows.append(open_row("static", load, rate, t, slo) | {"setting": f"{static[0]} / {static[1]} ms"})
+            print_open(model, rows[-1])
+    for i, load in enumerate(cfg.open_loads):
+        rate = load * cap["rps"]
+        log = logs / f"open-{model}-{i}.log"
+        with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
+            requests = client_requests(model, cfg.client_encoding, port)
+            t0 = time.perf_counter()
+            with Poller(port, model, t0) as poller:
+                t = asyncio.run(
+                    open_loop_timeline(HOST, port, requests, [(cfg.settle_s, rate), (cfg.open_s, rate)], t0=t0)
+                )
+            final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
+        rows.append(
+            open_row("autotuned", load, rate, t, slo)
+            | {"setting": setting(final), "final": final, "polls": poller.dump(), "events": autotune_events(log, model)}
+        )
+        print_open(model, rows[-1])
+    return {"slo_ms": slo, "config": cfg.dump(), "capacity": cap, "rows": rows}
+
+
+def open_row(mode: str, load: float, rate: float, t: Timeline, slo: float) -> dict[str, Any]:
+    start = t.steps[-1][0]
+    return {
+        "mode": mode,
+        "load": load,
+        "offered_rps": rate,
+        **measured(t, start, t.end_s, slo),
+        "sent": t.sent,
+        "unfinished": t.unfinished,
+        "skipped": t.skipped,
+        "stale_retries": t.stale_retries,
+        "lag_p99_ms": t.lag_p99_ms,
+    }
+
+
+def print_open(model: str, r: dict[str, Any]) -> None:
+    print(
+        f"  {model} open loop {r['load']:.0%} ({r['offered_rps']:.0f}/s) {r['mode']}: {r['rps']:.1f} req/s ok, "
+        f"p99 {r['p99_ms']:.1f} ms, errors {r['errors_by_status'] or 0}, unfinished {r['unfinished']}",
+        flush=True,
+    )
+
+
+def steps_phase(
+    repo: Path,
+    work: Path,
+    logs: Path,
+    spec: ModelSpec,
+    slo: float,
+    cfg: Config,
+    results: dict[str, Any],
+    cap: dict[str, Any] | None,
+) -> dict[str, Any]:
+    model = spec.name
+    solo = solo_repository(repo, work, model)
+    out: dict[str, Any] = {"slo_ms": slo, "config": cfg.dump(), "capacity": cap}
+    closed: list[tuple[float, float]] = [(cfg.step_s, c) for c in cfg.step_clients]
+    kinds: list[tuple[str, list[tuple[float, float]]]] = [("closed", closed)]
+    if cap:
+        r = cfg.step_rate * cap["rps"]
+        kinds.append(("open", [(cfg.step_s, r), (cfg.step_s, 3 * r), (cfg.step_s, r)]))
+    for kind, schedule in kinds:
+        log = logs / f"steps-{model}-{kind}.log"
+        with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
+            requests = client_requests(model, cfg.client_encoding, port)
+            t0 = time.perf_counter()
+            with Poller(port, model, t0) as poller:
+                if kind == "closed":
+                    sched = [(s, int(c)) for s, c in schedule]
+                    t = asyncio.run(closed_loop_timeline(HOST, port, requests, sched, t0=t0))
+                else:
+                    t = asyncio.run(open_loop_timeline(HOST, port, requests, schedule, t0=t0))
+            final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
+        ends = [s for s, _ in t.steps[1:]] + [t.end_s]
+        steps = []
+        for (start, level), end in zip(t.steps, ends, strict=True):
+            target, source = (
+                (level, "offered rate")
+                if kind == "open"
+                else (level_oracle_rps(results, model, int(level), slo, cfg)[0], f"oracle at {int(level)} conns")
+            )
+            steps.append(
+                {
+                    "start_s": start,
+                    "end_s": end,
+                    "level": level,
+                    "target_rps": target,
+                    "target_source": source if target else "none (no levels result at this level)",
+                    "windows": [asdict(w) for w in t.windows(1.0, start, end)],
+                    "errors_by_status": {str(k): v for k, v in t.statuses(start, end).items() if k != 200},
+                }
+            )
+        out[kind] = {
+            "steps": steps,
+            "windows": [asdict(w) for w in t.windows()],
+            "polls": poller.dump(),
+            "events": autotune_events(log, model),
+            "final": final,
+            "unfinished": t.unfinished,
+            "lag_p99_ms": t.lag_p99_ms,
+        }
+        for row in step_rows(model, kind, out[kind], slo, cfg.skip_s):
+            print("  " + " | ".join(str(x) for x in row), flush=True)
+    return out
+
+
+def two_phase(
+    repo: Path, logs: Path, specs: dict[str, ModelSpec], slos: dict[str, float], cfg: Config, results: dict[str, Any]
+) -> dict[str, Any]:
+    c = cfg.two_clients
+    statics: dict[str, tuple[int, int]] = {}
+    sources: dict[str, str] = {}
+    for m in MODELS:
+        _, best = level_oracle_rps(results, m, c, slos[m], cfg)
+        spec = specs[m]
+        statics[m] = best or (spec.batching.max_batch_size, spec.batching.max_queue_delay_microseconds // 1000)
+        sources[m] = f"levels oracle at {c} conns" if best else "demo setting (no levels result at this level)"
+    out: dict[str, Any] = {"config": cfg.dump(), "clients": c, "slo_ms": slos, "static_source": sources}
+    for mode in ("autotuned", "static"):
+        docs = [
+            spec_doc(specs[m], slo_ms=slos[m]) if mode == "autotuned" else spec_doc(specs[m], static=statics[m])
+            for m in MODELS
+        ]
+        warm = cfg.settle_s if mode == "autotuned" else cfg.static_warm_s
+        log = logs / f"two-{mode}.log"
+        with server(repo, env=specs_env(*docs), log=log) as port, ExitStack() as stack:
+            t0 = time.perf_counter()
+            pollers = {m: stack.enter_context(Poller(port, m, t0)) for m in MODELS}
+            schedule = [(float(warm), c), (cfg.two_s, c)]
+            timelines = asyncio.run(both_models(port, schedule, cfg.client_encoding, t0))
+            stack.close()  # the pollers stop before the final reads
+            finals = {m: get_json(f"http://{HOST}:{port}/v2/models/{m}/batching") for m in MODELS}
+        out[mode] = {}
+        for m, t in zip(MODELS, timelines, strict=True):
+            start = t.steps[-1][0]
+            out[mode][m] = measured(t, start, t.end_s, slos[m]) | {
+                "setting": setting(finals[m]),
+                "final": finals[m],
+                "polls": pollers[m].dump(),
+                "events": autotune_events(log, m) if mode == "autotuned" else [],
+                "window_list": [asdict(w) for w in t.windows(1.0, start, t.end_s)],
+            }
+            r = out[mode][m]
+            print(
+                f"  two models, {mode}: {m} {r['rps']:.1f} req/s, p99 {r['p99_ms']:.1f} ms, "
+                f"{r['windows_in_slo']}/{r['windows']} windows within {slos[m]:g} ms, setting {r['setting']}",
+                flush=True,
+            )
+    return out
+
+
+async def both_models(port: int, schedule: list[tuple[float, int]], encoding: str, t0: float) -> list[Timeline]:
+    """Each demo model's own closed-loop clients, at the same time (one event loop on the client core)."""
+    runs = (
+        closed_loop_timeline(HOST, port, client_requests(m, encoding, port), schedule, seed=i, t0=t0)
+        for i, m in enumerate(MODELS)
+    )
+    return list(await asyncio.gather(*runs))
+
+
+def single_phase(repo: Path, work: Path, spec: ModelSpec, slo: float, cfg: Config) -> dict[str, Any]:
+    model = spec.name
+    solo = solo_repository(repo, work, model)
+    out: dict[str, Any] = {"slo_ms": slo, "config": cfg.dump()}
+    warm = min(3, cfg.settle_s)
+    for mode, extra, env in (
+        ("autotune", (), specs_env(spec_doc(spec, slo_ms=slo))),
+        ("no batching", ("--no-batching",), None),
+    ):
+        with server(solo, *extra, env=env) as port:
+            requests = client_requests(model, cfg.client_encoding, port)
+            t = asyncio.run(closed_loop_timeline(HOST, port, requests, [(warm, 1), (cfg.single_s, 1)]))
+            state = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
+        lat = t.between(t.steps[1][0], math.inf) * 1e3
+        out[mode] = {
+            "mean_ms": float(lat.mean()),
+            "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)),
+            "rps": lat.size / cfg.single_s,
+            "params": [state["max_batch_size"], state["max_queue_delay_microseconds"]],
+        }
+        print(f"  {model} one client, {mode}: mean {out[mode]['mean_ms']:.2f} ms", flush=True)
+    return out
+
+
+# -- analysis and the page --------------------------------------------------------------------------------
+def fmt_ms(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.1f}"
+
+
+def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    lv_all = results.get("levels", {})
+    if not lv_all:
+        return [], []
+    rows, noise, sweeps, verdicts, plan_cells = [], [], [], [], False
+    for m in (m for m in MODELS if m in lv_all):
+        r, slo = lv_all[m], lv_all[m]["slo_ms"]
+        for enc, e in r["encodings"].items():
+            ratios: list[tuple[float, int]] = []  # (autotuned / oracle, connections)
+            slo_levels = slo_met = 0
+            for c, level in sorted(e["levels"].items(), key=lambda kv: int(kv[0])):
+                best, tuned = oracle(level, slo), level.get("tuned")
+                if not best:
+                    continue
+                ratio = tuned["rps"] / best["rps"] if tuned and best["rps"] else math.nan
+                within = "n/a (no static setting within)" if not best["feasible"] else "-"
+                if tuned and best["feasible"]:
+                    ok = meets(tuned, slo)
+                    slo_levels, slo_met = slo_levels + 1, slo_met + ok
+                    within = "yes" if ok else "NO"
+                if tuned:
+                    ratios.append((ratio, int(c)))
+                plan = (tuned or {}).get("final", {}).get("autotune", {}).get("plan")
+                plan_cells |= plan is not None
+                rows.append(
+                    [
+                        m,
+                        enc,
+                        int(c),
+                        f"{best['max_batch_size']} / {best['delay_ms']} ms" + ("" if best["both_runs"] else " *"),
+                        f"{best['rps']:.0f} (" + " / ".join(f"{x:.0f}" for x, _ in best["runs"]) + ")",
+                        " / ".join(fmt_ms(p) for _, p in best["runs"]),
+                        f"{tuned['rps']:.0f}" if tuned else "-",
+                        fmt_ms(tuned["p99_ms"]) if tuned else "-",
+                        setting(tuned["final"]) if tuned else "-",
+                        f"{ratio:.2f}x" if tuned else "-",
+                        within,
+                        "ok" if tuned and ratio >= 0.95 and within != "NO" else "MISS" if tuned else "-",
+                        plan_text(plan),
+                    ]
+                )
+                for again in level.get("repeat", []):
+                    one = next(
+                        x
+                        for x in level["static"]
+                        if (x["max_batch_size"], x["delay_ms"]) == (again["max_batch_size"], again["delay_ms"])
+                    )
+                    change = again["rps"] / one["rps"] - 1 if one["rps"] else math.nan
+                    noise.append(
+                        [
+                            m,
+                            enc,
+                            int(c),
+                            f"{one['max_batch_size']} / {one['delay_ms']} ms",
+                            f"{one['rps']:.0f} / {fmt_ms(one['p99_ms'])}",
+                            f"{again['rps']:.0f} / {fmt_ms(again['p99_ms'])}",
+                            f"{change:+.0%}",
+                        ]
+                    )
+                for x in level["static"]:
+                    sweeps.append(
+                        [
+                            m,
+                            enc,
+                            int(c),
+                            f"{x['max_batch_size']} / {x['delay_ms']} ms",
+                            f"{x['rps']:.0f}",
+                            fmt_ms(x["p99_ms"]) + ("" if meets(x, slo) else " ✗"),
+                        ]
+                    )
+            if ratios:
+                mean = float(np.mean([x for x, _ in ratios]))
+                worst = min(ratios)
+                verdicts.append(
+                    f"- levels, {m} {enc} bodies: mean ratio autotuned / oracle {mean:.2f}x over {len(ratios)} levels "
+                    f"(target >= 1.0: {'met' if mean >= 1.0 else 'NOT met'}); lowest {worst[0]:.2f}x at {worst[1]} "
+                    f"conns (target >= 0.95 at every level: {'met' if worst[0] >= 0.95 else 'NOT met'}); p99 within "
+                    f"{slo:g} ms at {slo_met}/{slo_levels} levels where some static setting meets it "
+                    f"({'met' if slo_met == slo_levels else 'NOT met'})"
+                )
+    cfg = next(lv_all[m] for m in MODELS if m in lv_all)["config"]  # the one `differing` names
+    headers = [
+        "model",
+        "body",
+        "conns",
+        "oracle setting",
+        "oracle req/s (run 1 / run 2)",
+        "oracle p99 ms (run 1 / run 2)",
+        "autotuned req/s",
+        "autotuned p99 ms",
+        "autotuned final setting",
+        "ratio",
+        "autotuned p99 <= SLO",
+        ">= 0.95x & SLO",
+    ]
+    if plan_cells:
+        headers.append("planner's prediction (autotune.plan, final)")
+    else:
+        rows = [row[:-1] for row in rows]
+    text = [
+        "## 1. Closed loop per level: the oracle (best static setting, this run) vs the autotuner",
+        f"wrk, one connection per client, the same body every request. Static settings: max batch sizes up to the "
+        f"level plus the next power of two x delays {cfg['delays_ms']} ms (size 1 at 0 ms only), each a model of its "
+        f"own in one server, {cfg['static_s']} s each"
+        + (f" after a one-time {cfg['grid_warmup_s']}-s warm-up per grid model" if cfg["grid_warmup_s"] else "")
+        + f"; then the top {cfg['top']} of each level (within the SLO first) measured a second time. Oracle = the best "
+        "mean of those two runs whose p99 met the SLO in both (* = in the first run only); its req/s is that mean. "
+        f"Autotuned: the model alone in a fresh server per level, cold; the first {cfg['settle_s']} s are discarded "
+        f"as the tuner's settling, the next {cfg['tuned_s'] - cfg['settle_s']} s measured. SLO per model: "
+        + ", ".join(f"{m} {lv_all[m]['slo_ms']:g} ms" for m in MODELS if m in lv_all)
+        + "."
+        + differing(lv_all, "levels delays_ms static_s grid_warmup_s top tuned_s settle_s"),
+        table(headers, rows),
+        "![throughput ratio and p99 per level](autotune-levels.png)",
+        f"### The oracle's noise: the top {cfg['top']} static settings of each level, run 1 and run 2 (req/s / p99 ms)",
+        table(["model", "body", "conns", "setting", "run 1", "run 2", "change"], noise),
+        "<details><summary>Every static setting's first run (req/s, p99 ms; ✗ = over the SLO or errors)</summary>\n\n"
+        + table(["model", "body", "conns", "setting", "req/s", "p99 ms"], sweeps)
+        + "\n\n</details>",
+    ]
+    return text, verdicts
+
+
+def differing(entries: dict[str, Any], relevant: str) -> str:
+    """A caveat when a phase's models were measured with different settings (`relevant`: the config keys
+    that matter to it; by different runs): the section's text states the first model's."""
+    models = [m for m in MODELS if m in entries]
+    configs = [entries[m]["config"] for m in models]
+    keys = [k for k in relevant.split() if any(c.get(k) != configs[0].get(k) for c in configs)]
+    first = models[0]
+    verb = "differs" if len(keys) == 1 else "differ"
+    return f" (Settings as for {first}; {', '.join(keys)} {verb} between the models: see the runs.)" if keys else ""
+
+
+def plan_text(plan: Any) -> str:
+    if not isinstance(plan, dict):
+        return "-" if plan is None else str(plan)[:80]
+    return ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in plan.items()
+        if isinstance(v, (int, float, str, bool))
+    )[:120]
+
+
+def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    op = results.get("open", {})
+    if not op:
+        return [], []
+    rows, verdicts = [], []
+    for m in (m for m in MODELS if m in op):
+        r, slo = op[m], op[m]["slo_ms"]
+        for x in r["rows"]:
+            rows.append(
+                [
+                    m,
+                    f"{x['load']:.0%}",
+                    f"{x['offered_rps']:.0f}",
+                    x["mode"],
+                    x["setting"],
+                    f"{x['rps']:.0f}",
+                    fmt_ms(x["p50_ms"]),
+                    fmt_ms(x["p99_ms"]),
+                    "yes" if x["p99_ms"] <= slo else "NO",
+                    ", ".join(f"{'no answer' if k == '0' else k} x{v}" for k, v in x["errors_by_status"].items())
+                    or "0",
+                    x["unfinished"],
+                    f"{x['lag_p99_ms']:.1f}",
+                ]
+            )
+        for load in sorted({x["load"] for x in r["rows"]}):
+            s = next((x for x in r["rows"] if x["load"] == load and x["mode"] == "static"), None)
+            a = next((x for x in r["rows"] if x["load"] == load and x["mode"] == "autotuned"), None)
+            if s and a:
+                verdicts.append(
+                    f"- open loop, {m} at {load:.0%}: autotuned p99 {fmt_ms(a['p99_ms'])} ms vs static "
+                    f"{fmt_ms(s['p99_ms'])} ms (SLO {slo:g}: {'met' if a['p99_ms'] <= slo else 'NOT met'}), "
+                    f"errors {sum(a['errors_by_status'].values())} vs {sum(s['errors_by_status'].values())}, "
+                    f"achieved {a['rps'] / a['offered_rps']:.0%} of the offered rate vs {s['rps'] / s['offered_rps']:.0%}"
+                )
+    cfg = next(op[m] for m in MODELS if m in op)["config"]  # the one `differing` names
+    caps = "; ".join(f"{m} {op[m]['capacity']['rps']:.0f} req/s ({op[m]['capacity']['source']})" for m in op)
+    return [
+        "## 2. Open loop (Poisson arrivals): static best setting vs autotuned",
+        f"Capacity: {caps}. The static server holds the oracle setting of that level; each rate runs "
+        f"{cfg['static_warm_s']} s (discarded) then {cfg['open_s']:g} s measured. Autotuned: a fresh server per "
+        f"rate, the first {cfg['settle_s']} s discarded, then {cfg['open_s']:g} s measured. Asyncio client "
+        f"({cfg['client_encoding']} bodies), keep-alive connections opened as needed; latency counts from each "
+        "request's scheduled arrival (the client's own lateness included: its p99 is the last column). "
+        "Achieved = answers with status 200 per second; errors = non-200 answers by status and requests with no "
+        "answer; unfinished = still unanswered 10 s after the last arrival."
+        + differing(op, "open_loads open_s settle_s client_encoding"),
+        table(
+            [
+                "model",
+                "load",
+                "offered /s",
+                "mode",
+                "setting (final)",
+                "achieved req/s",
+                "p50 ms",
+                "p99 ms",
+                "p99 <= SLO",
+                "errors",
+                "unfinished",
+                "client lag p99 ms",
+            ],
+            rows,
+        ),
+    ], verdicts
+
+
+def step_stats(
+    kind: str, step: dict[str, Any], polls: list[dict[str, Any]], slo: float, skip_s: float
+) -> dict[str, Any]:
+    """One load step: time until the SLO and the throughput target hold (3 windows in a row; closed loop:
+    >= 95% of the level's oracle, open loop: >= 95% of the window's own arrivals), SLO attainment of the 1-s
+    windows after the step's first `skip_s`, and parameter changes per minute once settled."""
+    ws, target = step["windows"], step["target_rps"]
+
+    def good(w: dict[str, Any]) -> bool:
+        floor = 0.95 * (w["sent_per_s"] if kind == "open" else target or 0.0)
+        return bool(w["p99_ms"] <= slo and w["requests_per_s"] >= floor)
+
+    hit = next((i for i in range(len(ws)) if all(good(w) for w in ws[i : i + 3])), None)
+    settled = hit + 1.0 if hit is not None else None
+    late = [w for w in ws if w["start_s"] >= step["start_s"] + skip_s]
+    since = step["start_s"] + (settled if settled is not None else skip_s)
+    minutes = (step["end_s"] - since) / 60
+    return {
+        "settled_s": settled,
+        "late_windows": len(late),
+        "late_in_slo": sum(w["p99_ms"] <= slo for w in late),
+        "late_rps": float(np.mean([w["requests_per_s"] for w in late])) if late else math.nan,
+        "late_median_p99_ms": float(np.median([w["p99_ms"] for w in late])) if late else math.nan,
+        "changes_per_min": param_changes(polls, since, step["end_s"]) / minutes if minutes > 0 else math.nan,
+    }
+
+
+def step_rows(model: str, kind: str, run: dict[str, Any], slo: float, skip_s: float) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for step in run["steps"]:
+        x, target = step_stats(kind, step, run["polls"], slo, skip_s), step["target_rps"]
         rows.append(
             [
                 model,
-                clients,
-                f"{start:.0f}-{end:.0f}",
-                len(ws),
-                f"{met}/{len(ws)} = {met / max(1, len(ws)):.0%}",
-                float(np.median(p99s)) if p99s else float("nan"),
-                float(np.mean([w["requests_per_s"] for w in ws])),
-                f"{changes / max((end - start - skip_s) / 60, 1e-9):.1f}",
+                kind,
+                f"{step['level']:.0f} clients" if kind == "closed" else f"{step['level']:.0f} /s",
+                f"{step['start_s']:.0f}-{step['end_s']:.0f}",
+                f"{target:.0f} ({step['target_source']})" if target else step["target_source"],
+                "never" if x["settled_s"] is None else f"{x['settled_s']:.0f} s",
+                f"{x['late_in_slo']}/{x['late_windows']} = {x['late_in_slo'] / max(1, x['late_windows']):.0%}",
+                f"{x['late_rps']:.0f}" + (f" = {x['late_rps'] / target:.0%}" if target else ""),
+                fmt_ms(x["late_median_p99_ms"]),
+                f"{x['changes_per_min']:.1f}",
             ]
         )
     return rows
 
 
-def plot(
-    runs: dict[str, dict[str, Any]], slos: dict[str, float], oracle: dict[str, float | None], out: Path, title: str
-) -> None:
+def steps_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    st = results.get("steps", {})
+    if not st:
+        return [], []
+    rows, verdicts = [], []
+    cfg = next(st[m] for m in MODELS if m in st)["config"]  # the one `differing` names
+    for m in (m for m in MODELS if m in st):
+        for kind in ("closed", "open"):
+            if kind in st[m]:
+                run, slo = st[m][kind], st[m]["slo_ms"]
+                rows += step_rows(m, kind, run, slo, cfg["skip_s"])
+                stats = [step_stats(kind, step, run["polls"], slo, cfg["skip_s"]) for step in run["steps"]]
+                worst = min(x["late_in_slo"] / max(1, x["late_windows"]) for x in stats)
+                settled = ", ".join("never" if x["settled_s"] is None else f"{x['settled_s']:.0f} s" for x in stats)
+                verdicts.append(
+                    f"- steps, {m} {kind} loop: worst step within the SLO in {worst:.0%} of its 1-s windows after "
+                    f"{cfg['skip_s']:g} s; time to SLO & >= 95% per step: {settled}; changes/min once settled: "
+                    + ", ".join(f"{x['changes_per_min']:.1f}" for x in stats)
+                )
+    return [
+        "## 4. Load steps (autotuned, one fresh server per schedule)",
+        f"Closed loop {' -> '.join(map(str, cfg['step_clients']))} clients and open loop r -> 3r -> r with r = "
+        f"{cfg['step_rate']:g} x the capacity of table 2, {cfg['step_s']:g} s per step; asyncio client "
+        f"({cfg['client_encoding']} bodies). Target = the levels oracle at that many connections (closed; measured "
+        "with wrk, whose client costs less than the asyncio one) or the offered rate (open). Time to target = end "
+        "of the first 1-s window of the first 3 in a row with p99 <= SLO and >= 95% of the target (open loop: of "
+        "that window's own arrivals, which Poisson noise moves by several %), from the step's start. SLO "
+        f"attainment and req/s over the windows after the step's first {cfg['skip_s']:g} s. Changes/min = "
+        "parameter changes seen by polling /batching every 0.5 s, from the time to target on (from "
+        f"{cfg['skip_s']:g} s when never reached)."
+        + differing(st, "step_clients step_rate step_s skip_s client_encoding"),
+        table(
+            [
+                "model",
+                "loop",
+                "level",
+                "span s",
+                "target req/s",
+                "time to SLO & >= 95%",
+                f"windows p99 <= SLO after {cfg['skip_s']:g} s",
+                "req/s after that",
+                "median p99 ms",
+                "changes/min settled",
+            ],
+            rows,
+        ),
+        "![parameters and p99 over time](autotune-steps.png)",
+    ], verdicts
+
+
+def two_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    two = results.get("two")
+    if not two:
+        return [], []
+    rows, verdicts = [], []
+    for m in MODELS:
+        for mode in ("autotuned", "static"):
+            r = two[mode][m]
+            rows.append(
+                [
+                    m,
+                    mode,
+                    r["setting"] + (f" ({two['static_source'][m]})" if mode == "static" else " (final)"),
+                    f"{r['rps']:.0f}",
+                    fmt_ms(r["p99_ms"]),
+                    f"{r['windows_in_slo']}/{r['windows']} = {r['windows_in_slo'] / max(1, r['windows']):.0%}",
+                    sum(r["errors_by_status"].values()),
+                ]
+            )
+        a, s = two["autotuned"][m], two["static"][m]
+        verdicts.append(
+            f"- two models, {m}: autotuned {a['rps']:.0f} req/s ({a['rps'] / max(s['rps'], 1e-9):.2f}x the static "
+            f"pair's), windows within {two['slo_ms'][m]:g} ms {a['windows_in_slo']}/{a['windows']} vs "
+            f"{s['windows_in_slo']}/{s['windows']}"
+        )
+    cfg = two["config"]
+    return [
+        "## 5. Two models in one server (one core), both loaded at once",
+        f"Each model driven by its own {two['clients']} closed-loop clients (asyncio, {cfg['client_encoding']} "
+        f"bodies, one client process) at the same time; {cfg['two_s']:g} s measured after {cfg['settle_s']} s "
+        f"(autotuned) or {cfg['static_warm_s']} s (static). SLO attainment = the share of 1-s windows whose p99 is "
+        "within the model's SLO.",
+        table(["model", "mode", "setting", "req/s", "p99 ms", "windows within SLO", "errors"], rows),
+    ], verdicts
+
+
+def single_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    sg = results.get("single", {})
+    if not sg:
+        return [], []
+    rows, verdicts = [], []
+    for m in (m for m in MODELS if m in sg):
+        a, b = sg[m]["autotune"], sg[m]["no batching"]
+        limit = 1.1 * b["mean_ms"] + 1.0
+        rows.append(
+            [
+                m,
+                a["mean_ms"],
+                a["p50_ms"],
+                a["p99_ms"],
+                f"{a['params'][0]} / {a['params'][1] / 1e3:g} ms",
+                b["mean_ms"],
+                b["p50_ms"],
+                b["p99_ms"],
+                limit,
+            ]
+        )
+        verdicts.append(
+            f"- one client, {m}: mean {a['mean_ms']:.2f} ms with autotune vs {b['mean_ms']:.2f} ms without batching "
+            f"(target <= {limit:.2f} ms: {'met' if a['mean_ms'] <= limit else 'NOT met'})"
+        )
+    cfg = next(sg[m] for m in MODELS if m in sg)["config"]  # the one `differing` names
+    return [
+        f"## 6. One client alone ({cfg['single_s']:g} s after {min(3, cfg['settle_s'])} s of warm-up)",
+        f"A closed-loop asyncio client ({cfg['client_encoding']} bodies), one request at a time."
+        + differing(sg, "single_s settle_s client_encoding"),
+        table(
+            [
+                "model",
+                "autotune mean ms",
+                "p50",
+                "p99",
+                "final setting",
+                "no batching mean ms",
+                "p50",
+                "p99",
+                "limit (1.1x + 1 ms)",
+            ],
+            rows,
+        ),
+    ], verdicts
+
+
+SECTIONS = {
+    "levels": levels_section,
+    "open": open_section,
+    "steps": steps_section,
+    "two": two_section,
+    "single": single_section,
+}
+
+
+def report(results: dict[str, Any], out: Path) -> str:
+    machine_line = f"{machine()}, torch {torch.__version__}"
+    runs = "\n".join(
+        f"- {r['when']}: `{r['command']}` (phases {', '.join(r['phases']) or 'none'}); 1-minute load average "
+        f"before {r['load_before']}, after {r.get('load_after', '?')}; "
+        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in r.get("phase_s", {}).items())
+        for r in results.get("_runs", [])
+    )
+    body, verdicts = [], []
+    for name, section in SECTIONS.items():
+        text, v = section(results)
+        body += text
+        verdicts += v
+        if name == "open" and text:
+            body += [
+                "## 3. Soak",
+                "`bench/soak.py` (not run here): 10 minutes open loop at 85% of the capacity measured over a 60-s "
+                "window, reporting errors, refusals, p99 vs the SLO and the server's RSS over time: "
+                "`.venv/bin/python bench/soak.py --model resnet-mini --duration 600 --load 0.85 --capacity-window 60`",
+            ]
+    page = "\n\n".join(
+        [
+            "# Autotuner benchmark",
+            f"Machine: {machine_line}. Server pinned to core {SERVER_CPU} (`taskset`, torch 1 thread), the load "
+            f"generator (wrk, or this script's asyncio clients) on core {CLIENT_CPU}, as in the peers benchmark. "
+            "Every server phase held /tmp/batchpilot-bench.lock; other work on the machine that does not take the "
+            "lock still shares the 2 cores, so compare the load averages. Runs that produced these results:\n" + runs,
+            *body,
+            "## Targets",
+            "\n".join(verdicts) or "-",
+            *(["## Notes", "\n".join(f"- {n}" for n in results["_notes"])] if results.get("_notes") else []),
+        ]
+    )
+    plot_levels(results, out / "autotune-levels.png")
+    plot_steps(results, out / "autotune-steps.png")
+    (out / "autotune.md").write_text(page + "\n")
+    return page
+
+
+def plot_levels(results: dict[str, Any], path: Path) -> None:
+    lv_all = results.get("levels", {})
+    if not lv_all:
+        return
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
-    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 6.5), sharex="col", squeeze=False)
-    for col, (model, run) in enumerate(runs.items()):
+    models = [m for m in MODELS if m in lv_all]
+    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7), squeeze=False, sharex="col")
+    for col, m in enumerate(models):
+        top, bottom = axes[0][col], axes[1][col]
+        slo = lv_all[m]["slo_ms"]
+        for i, (enc, e) in enumerate(lv_all[m]["encodings"].items()):
+            xs, ratio, p99_o, p99_t = [], [], [], []
+            for c, level in sorted(e["levels"].items(), key=lambda kv: int(kv[0])):
+                best, tuned = oracle(level, slo), level.get("tuned")
+                if best and tuned:
+                    xs.append(int(c))
+                    ratio.append(tuned["rps"] / best["rps"] if best["rps"] else math.nan)
+                    p99_o.append(best["p99_ms"])
+                    p99_t.append(tuned["p99_ms"])
+            color = f"C{i}"
+            top.plot(xs, ratio, "o-", color=color, label=f"{enc} bodies")
+            bottom.plot(xs, p99_t, "o-", color=color, label=f"autotuned, {enc}")
+            bottom.plot(xs, p99_o, "s--", color=color, alpha=0.6, label=f"oracle (worse of 2 runs), {enc}")
+        top.axhline(1.0, color="grey", linestyle=":")
+        top.axhline(0.95, color="red", linestyle=":", label="0.95x")
+        top.set(title=f"{m}: autotuned / oracle throughput", ylabel="ratio")
+        bottom.axhline(slo, color="red", linestyle=":", label=f"SLO {slo:g} ms")
+        bottom.set(yscale="log", xlabel="closed-loop connections (wrk)", ylabel="p99 ms")
+        bottom.set_xscale("log", base=2)
+        bottom.yaxis.set_major_formatter(ScalarFormatter())
+        bottom.yaxis.set_minor_formatter(ScalarFormatter())
+        levels = sorted({int(c) for e in lv_all[m]["encodings"].values() for c in e["levels"]})
+        bottom.set_xticks(levels, [str(c) for c in levels])
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_steps(results: dict[str, Any], path: Path) -> None:
+    st = results.get("steps", {})
+    runs = [(m, kind, st[m]) for m in MODELS if m in st for kind in ("closed", "open") if kind in st[m]]
+    if not runs:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, axes = plt.subplots(2, len(runs), figsize=(5.5 * len(runs), 6.5), sharex="col", squeeze=False)
+    for col, (m, kind, r) in enumerate(runs):
+        run, slo = r[kind], r["slo_ms"]
         top, bottom = axes[0][col], axes[1][col]
         t = [w["start_s"] + 0.5 for w in run["windows"]]
         top.plot(t, [w["p99_ms"] for w in run["windows"]], "r.-", label="p99 per 1-s window")
-        top.axhline(slos[model], color="r", linestyle=":", label=f"SLO {slos[model]:g} ms")
-        top.set_yscale("log")
-        top.set_ylabel("p99 ms")
+        top.axhline(slo, color="r", linestyle=":", label=f"SLO {slo:g} ms")
+        top.set(yscale="log", ylabel="p99 ms", title=f"{m}: {kind} loop steps")
+        top.yaxis.set_major_formatter(ScalarFormatter())
+        top.yaxis.set_minor_formatter(ScalarFormatter())
         rate = top.twinx()
         rate.plot(t, [w["requests_per_s"] for w in run["windows"]], "b-", alpha=0.6, label="req/s")
-        if oracle.get(model):
-            rate.axhline(oracle[model], color="b", linestyle=":", label="best static (oracle)")
-        rate.set_ylabel("req/s")
-        top.set_title(f"{model}: {title}")
+        for step in run["steps"]:
+            if step["target_rps"]:
+                rate.hlines(
+                    0.95 * step["target_rps"], step["start_s"], step["end_s"], colors="b", linestyles=":", linewidth=1
+                )
+        rate.set_ylabel("req/s (dotted: 95% of the target)")
         top.legend(loc="upper left", fontsize=7)
         rate.legend(loc="upper right", fontsize=7)
         pt = [p["t_s"] for p in run["polls"]]
@@ -268,251 +1239,191 @@ def plot(
         delay = bottom.twinx()
         delay.step(pt, [p["delay_ms"] for p in run["polls"]], "m-", where="post", label="max queue delay ms")
         delay.set_ylabel("delay ms")
-        for start, clients in run["steps"]:
-            bottom.axvline(start, color="grey", linestyle="--", linewidth=0.8)
-            bottom.annotate(f"{clients} clients", (start, 1), fontsize=7)
+        for step in run["steps"]:
+            bottom.axvline(step["start_s"], color="grey", linestyle="--", linewidth=0.8)
+            unit = "clients" if kind == "closed" else "/s"
+            bottom.annotate(f"{step['level']:.0f} {unit}", (step["start_s"], 1), fontsize=7)
         bottom.set_xlabel("seconds since start")
         bottom.legend(loc="upper left", fontsize=7)
         delay.legend(loc="upper right", fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- the plan (how long a run takes) and main -------------------------------------------------------------
+SERVER_START_S = 6.0  # a fresh one-model server: python + torch import, load, warm-up, and its stop
+GRID_MODEL_START_S = 0.5  # per model of a grid server
+WRK_OVERHEAD_S = 0.3  # per wrk run: process start, connections
+
+
+def plan_seconds(cfg: Config, phases: list[str]) -> dict[str, float]:
+    """An estimate of each phase's wall time from the settings (no lock waits)."""
+    n_models = len(cfg.models)
+    plan: dict[str, float] = {}
+    if "levels" in phases:
+        settings = sum(len(level_settings(c, cfg.delays_ms)) for c in cfg.levels)
+        grid = len({s for c in cfg.levels for s in level_settings(c, cfg.delays_ms)})
+        runs = len(cfg.encodings) * (settings + cfg.top * len(cfg.levels))
+        tuned = len(cfg.encodings) * len(cfg.levels)
+        plan["levels"] = n_models * (
+            SERVER_START_S
+            + grid * (GRID_MODEL_START_S + (cfg.grid_warmup_s + WRK_OVERHEAD_S if cfg.grid_warmup_s else 0))
+            + runs * (cfg.static_s + WRK_OVERHEAD_S)
+            + tuned * (SERVER_START_S + cfg.tuned_s + 2 * WRK_OVERHEAD_S)
+        )
+    if "open" in phases:
+        k = len(cfg.open_loads)
+        plan["open"] = n_models * ((k + 1) * SERVER_START_S + k * (cfg.static_warm_s + cfg.settle_s + 2 * cfg.open_s))
+    if "steps" in phases:
+        plan["steps"] = n_models * 2 * (SERVER_START_S + 3 * cfg.step_s)
+    if "two" in phases:
+        plan["two"] = 2 * (SERVER_START_S + 4) + cfg.settle_s + cfg.static_warm_s + 2 * cfg.two_s
+    if "single" in phases:
+        plan["single"] = n_models * 2 * (SERVER_START_S + min(3, cfg.settle_s) + cfg.single_s)
+    return plan
+
+
+def parse_list(text: str, kind: type) -> list[Any]:
+    return [kind(x) for x in text.split(",") if x.strip()]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shrink everything to prove the script works (~3-4 min)")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     parser.add_argument(
-        "--slo", action="append", default=[], metavar="MODEL=MS", help="p99 SLO per model (default: config)"
+        "--plan", action="store_true", help="print the settings and the estimated wall time, run nothing"
     )
-    parser.add_argument("--phases", default=",".join(PHASES))
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--clients", type=int, default=32, help="the oracle's and cold start's load")
-    parser.add_argument("--low", type=int, default=2, help="the stepped load's low level")
-    parser.add_argument("--sweep-s", type=float, default=4.0, help="measured seconds per static setting")
-    parser.add_argument("--cold-s", type=float, default=60.0)
-    parser.add_argument("--step-s", type=float, default=40.0)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench")
-    parser.add_argument("--note", action="append", default=[], help="a line for the results page's notes (kept)")
+    parser.add_argument("--slo", action="append", default=[], metavar="MODEL=MS", help="p99 SLO (default: the spec's)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench", help="results folder (default docs/bench)")
+    parser.add_argument("--note", action="append", default=[], help="a line for the page's notes (kept)")
     parser.add_argument(
         "--logs",
         type=Path,
         default=Path(tempfile.gettempdir()) / "batchpilot-autotune-logs",
         help="server logs (the autotune event lines) are kept here",
     )
+    lists = {"models": str, "encodings": str, "levels": int, "delays_ms": int, "open_loads": float, "step_clients": int}
+    for f in fields(Config):
+        default = getattr(FULL, f.name)
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=str if f.name in lists else type(default),
+            default=None,
+            help=f"default {shown} (--quick: {getattr(QUICK, f.name)})".replace("%", "%%"),
+        )
     args = parser.parse_args()
-    phases, models = [x for x in args.phases.split(",") if x], args.models.split(",")  # no phases: report only
+    given: dict[str, Any] = {
+        f.name: parse_list(v, lists[f.name]) if f.name in lists else v
+        for f in fields(Config)
+        if (v := getattr(args, f.name)) is not None
+    }
+    cfg = replace(QUICK if args.quick else FULL, **given)
+    phases = [p for p in args.phases.split(",") if p]
+    if unknown := set(phases) - set(PHASES) or set(cfg.models) - set(MODELS) or set(cfg.encodings) - set(ENCODINGS):
+        parser.error(f"unknown {sorted(unknown)}: phases {PHASES}, models {MODELS}, encodings {ENCODINGS}")
+    plan = plan_seconds(cfg, phases)
+    print(f"settings: {asdict(cfg)}")
+    print(
+        "planned wall time (no lock waits): "
+        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in plan.items())
+        + f"; total {sum(plan.values()) / 60:.0f} min",
+        flush=True,
+    )
+    if args.plan:
+        return 0
+
     specs = {name: spec for name, (spec, _) in build_demo_modules().items()}
     slos = {m: specs[m].autotune.latency_slo_p99_ms for m in MODELS} | {
         m: float(v) for m, v in (s.split("=") for s in args.slo)
     }
-    results_path = args.out / "autotune.json"
-    results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
-    os.sched_setaffinity(0, {int(CLIENT_CPU)})
     args.out.mkdir(parents=True, exist_ok=True)
     args.logs.mkdir(parents=True, exist_ok=True)
-    loads = [os.getloadavg()]
-    run: dict[str, Any] = {"argv": sys.argv[1:], "when": time.strftime("%Y-%m-%d %H:%M")}
+    results_path = args.out / "autotune.json"
+    results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if results and results.get("_format") != FORMAT:
+        print(f"{results_path} holds an older layout (keyed by model): starting afresh (git keeps the old one)")
+        results = {}
+    results["_format"] = FORMAT
     results.setdefault("_notes", []).extend(args.note)
-    if args.note:
-        results_path.write_text(json.dumps(results, indent=1))
+    os.sched_setaffinity(0, {int(CLIENT_CPU)})
+    run: dict[str, Any] = {}
     if phases:
-        results["_meta"] = {"clients": args.clients, "low": args.low}
+        run = {
+            "command": shlex.join([".venv/bin/python", "bench/autotune_bench.py", *sys.argv[1:]]),
+            "when": time.strftime("%Y-%m-%d %H:%M"),
+            "phases": phases,
+            "config": cfg.dump(),
+            "slo_ms": slos,
+            "load_before": [round(x, 2) for x in os.getloadavg()],
+            "planned_s": plan,
+            "phase_s": {},
+        }
         results.setdefault("_runs", []).append(run)
-    with tempfile.TemporaryDirectory(prefix="bp-autotune-") as tmp:
-        work = Path(tmp)
+
+    def save() -> None:
+        run["load_after"] = [round(x, 2) for x in os.getloadavg()]
+        results_path.write_text(json.dumps(results, indent=1))
+
+    with tempfile.TemporaryDirectory(prefix="bp-autotune-") as tmp_name:
+        work = Path(tmp_name)
         repo = work / "models"
         if phases:
             write_demo_repository(repo)
-        for model in models if phases else []:
-            spec, slo = specs[model], slos[model]
-            r = results.setdefault(model, {})
-            with bench_lock() as waited:  # one model's phases back to back, no other benchmark in between
-                print(f"{model}: waited {waited:.0f} s for {BENCH_LOCK}", flush=True)
-                run_phases(r, phases, repo, work, spec, slo, args)
-            r["slo_ms"] = slo
-            loads.append(os.getloadavg())
-            run["load_avg_1m"] = [round(x[0], 2) for x in loads]
-            results_path.write_text(json.dumps(results, indent=1))  # after each model: a partial run keeps its data
-    print("\n" + report(results, args))
+        for phase in (p for p in PHASES if p in phases):
+            started = time.monotonic()
+            targets = ["both"] if phase == "two" else cfg.models
+            for model in targets:
+                with bench_lock() as waited:  # one lock hold per phase and model
+                    print(f"== {phase} {model}: waited {waited:.0f} s for {BENCH_LOCK}", flush=True)
+                    run_phase(phase, model, results, repo, work, args.logs, specs, slos, cfg)
+                save()  # a partial run keeps what it measured
+            run["phase_s"][phase] = round(time.monotonic() - started)
+            save()
+            text, verdicts = SECTIONS[phase](results)
+            print("\n" + "\n\n".join([*text, "\n".join(verdicts)]) + "\n", flush=True)
+    if not phases:
+        results_path.write_text(json.dumps(results, indent=1))  # keeps --note
+    page = report(results, args.out)
+    print(f"wrote {args.out / 'autotune.md'}, {results_path}, autotune-levels.png, autotune-steps.png")
+    if not phases:
+        print("\n" + page)
     return 0
 
 
-def run_phases(
-    r: dict[str, Any], phases: list[str], repo: Path, work: Path, spec: ModelSpec, slo: float, args: argparse.Namespace
+def run_phase(
+    phase: str,
+    model: str,
+    results: dict[str, Any],
+    repo: Path,
+    work: Path,
+    logs: Path,
+    specs: dict[str, ModelSpec],
+    slos: dict[str, float],
+    cfg: Config,
 ) -> None:
-    model = spec.name
-    if "oracle" in phases:
-        print(f"1. {model}: static sweep at {args.clients} clients ...", flush=True)
-        r["oracle"] = oracle_phase(repo, work, spec, args.clients, args.sweep_s)
-    if "cold" in phases:
-        print(f"1. {model}: autotune cold start at {args.clients} clients ...", flush=True)
-        r["cold"] = tuned_phase(repo, args.logs, spec, slo, [(args.cold_s, args.clients)], "cold")
-    if "stepped" in phases:
-        print(f"2. {model}: stepped load {args.low} -> {args.clients} -> {args.low} ...", flush=True)
-        sched = [(args.step_s, args.low), (args.step_s, args.clients), (args.step_s, args.low)]
-        r["stepped"] = tuned_phase(repo, args.logs, spec, slo, sched, "stepped")
-    if "single" in phases:
-        print(f"3. {model}: one client ...", flush=True)
-        r["single"] = single_phase(repo, spec, slo, 10.0)
-
-
-def report(results: dict[str, Any], args: argparse.Namespace) -> str:
-    models = [m for m in MODELS if m in results]
-    slos = {m: results[m]["slo_ms"] for m in models}
-    verdicts, sweep_rows, cold_rows, step_table, single_rows = [], [], [], [], []
-    oracle: dict[str, float | None] = {}
-    for m in models:
-        r, slo = results[m], slos[m]
-        best = best_static(r.get("oracle", []), slo)
-        oracle[m] = best["rps"] if best else None
-        for n in SIZES:
-            cells = {(x["max_batch_size"], x["delay_ms"]): x for x in r.get("oracle", [])}
-            sweep_rows.append(
-                [
-                    m,
-                    n,
-                    *[
-                        f"{c['rps']:.0f} / {c['p99_ms']:.0f}{'' if c['p99_ms'] <= slo else ' ✗'}"
-                        if (c := cells.get((n, d)))
-                        else "-"
-                        for d in DELAYS_MS
-                    ],
-                ]
-            )
-        if "cold" in r and best:
-            ws = r["cold"]["windows"]
-            hit = time_to_target(ws, 0.95 * best["rps"], slo)
-            tail = [w for w in ws if w["start_s"] >= 30]
-            tail_ok = sum(w["requests_per_s"] >= 0.95 * best["rps"] and w["p99_ms"] <= slo for w in tail)
-            tail_rps = float(np.mean([w["requests_per_s"] for w in tail])) if tail else float("nan")
-            reasons = Counter(e["reason"] for e in r["cold"]["events"])
-            final = r["cold"]["final"]
-            cold_rows.append(
-                [
-                    m,
-                    slo,
-                    f"{best['max_batch_size']} / {best['delay_ms']} ms",
-                    best["rps"],
-                    best["p99_ms"],
-                    "never" if hit is None else f"{hit:.0f} s",
-                    f"{tail_rps / best['rps']:.0%}",
-                    f"{tail_ok}/{len(tail)}",
-                    f"{final['max_batch_size']} / {final['max_queue_delay_microseconds'] / 1e3:g} ms",
-                    ", ".join(f"{k} {v}" for k, v in reasons.most_common()),
-                ]
-            )
-            verdicts.append(
-                f"- {m} cold start: first 1-s window at >= 95% of the oracle ({0.95 * best['rps']:.0f} req/s) "
-                f"with p99 <= {slo:g} ms after {'never' if hit is None else f'{hit:.0f} s'} (target <= 30 s: "
-                f"{'met' if hit is not None and hit <= 30 and tail_ok >= 0.8 * len(tail) else 'NOT met'}, counting it met only "
-                f"if it holds: from 30 s on, {tail_ok}/{len(tail)} windows meet both (>= 80% needed), mean "
-                f"throughput {tail_rps / best['rps']:.0%} of the oracle)"
-            )
-        elif "cold" in r:
-            verdicts.append(f"- {m}: no static setting meets p99 <= {slo:g} ms at {args.clients} clients: no oracle")
-        if "stepped" in r:
-            rows = step_rows(m, r["stepped"], slo)
-            step_table += rows
-            worst = min(int(x[4].split("/")[0]) / max(1, x[3]) for x in rows)
-            verdicts.append(
-                f"- {m} stepped load: worst step meets the SLO in {worst:.0%} of windows after its first 10 s "
-                f"(target >= 95%: {'met' if worst >= 0.95 else 'NOT met'}); changes/min per step once settled: "
-                f"{', '.join(x[7] for x in rows)}"
-            )
-        if "single" in r:
-            a, b = r["single"]["autotune"], r["single"]["no batching"]
-            limit = 1.1 * b["mean_ms"] + 1.0
-            single_rows.append(
-                [
-                    m,
-                    a["mean_ms"],
-                    a["p50_ms"],
-                    a["p99_ms"],
-                    f"{a['params'][0]} / {a['params'][1] / 1e3:g} ms",
-                    b["mean_ms"],
-                    b["p50_ms"],
-                    b["p99_ms"],
-                    limit,
-                ]
-            )
-            verdicts.append(
-                f"- {m} one client: mean {a['mean_ms']:.2f} ms with autotune vs {b['mean_ms']:.2f} ms without "
-                f"batching (target <= {limit:.2f} ms: {'met' if a['mean_ms'] <= limit else 'NOT met'})"
-            )
-    meta = results.get("_meta", {})
-    machine = (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"python {platform.python_version()}"
-    )
-    page = "\n\n".join(
-        [
-            "# Autotuner benchmark",
-            f"Machine: {machine}. Server pinned to core {SERVER_CPU} (torch 1 thread), the load generator (asyncio "
-            f"closed-loop clients, keep-alive HTTP, v2 binary tensors, one item per request) on core {CLIENT_CPU}. "
-            "Every server phase held /tmp/batchpilot-bench.lock; other engineers' tests and builds share the 2 cores "
-            "(they do not take the lock), so the figures carry their noise. Runs (1-minute load average at the start "
-            "and after each model):\n"
-            + "\n".join(
-                f"- {r['when']}: `.venv/bin/python bench/autotune_bench.py {' '.join(r['argv'])}`, load {r.get('load_avg_1m')}"
-                for r in results.get("_runs", [])
-            ),
-            "SLO (p99 ms): " + ", ".join(f"{m} {slos[m]:g}" for m in models) + f". The demo configs say 50 ms; at "
-            f"{meta.get('clients')} closed-loop clients on one core the mean latency is at least clients / throughput "
-            "(Little's law), so where no static setting meets 50 ms reliably the SLO is raised to one that some do.",
-            "Reading the figures: each static setting is measured once for a few seconds, so the oracle (the best of 35 "
-            "noisy measurements) is biased upwards; 1-s windows of the autotuned runs are compared against it as is. "
-            "Latencies are measured by the client (send to last byte), per request; windows are by completion time.",
-            f"## 1. Static sweep at {meta.get('clients')} clients: req/s / p99 ms per max batch size (rows) x delay (columns); "
-            f"✗ = p99 over the SLO",
-            table(["model", "max batch", *[f"{d} ms" for d in DELAYS_MS]], sweep_rows),
-            "## 1. Cold start with autotune at the same load",
-            table(
-                [
-                    "model",
-                    "SLO ms",
-                    "oracle setting",
-                    "oracle req/s",
-                    "oracle p99",
-                    "time to >=95% & SLO",
-                    "req/s from 30 s vs oracle",
-                    "windows from 30 s meeting both",
-                    "final setting",
-                    "autotune events",
-                ],
-                cold_rows,
-            ),
-            "![cold start](autotune-cold.png)",
-            f"## 2. Stepped load {meta.get('low')} -> {meta.get('clients')} -> {meta.get('low')} clients (1-s windows after each step's first 10 s)",
-            table(
-                ["model", "clients", "span s", "windows", "p99 <= SLO", "median p99 ms", "req/s", "param changes/min"],
-                step_table,
-            ),
-            "![stepped load](autotune-stepped.png)",
-            "## 3. One client alone (10 s after 3 s warm-up)",
-            table(
-                [
-                    "model",
-                    "autotune mean ms",
-                    "p50",
-                    "p99",
-                    "final setting",
-                    "no batching mean ms",
-                    "p50",
-                    "p99",
-                    "limit (1.1x + 1 ms)",
-                ],
-                single_rows,
-            ),
-            "## Targets",
-            "\n".join(verdicts),
-            *(["## Notes", "\n".join(f"- {n}" for n in results["_notes"])] if results.get("_notes") else []),
-        ]
-    )
-    for phase, title in (("cold", "cold start"), ("stepped", "stepped load")):
-        runs = {m: results[m][phase] for m in models if phase in results[m]}
-        if runs:
-            plot(runs, slos, oracle if phase == "cold" else {}, args.out / f"autotune-{phase}.png", title)
-    (args.out / "autotune.md").write_text(page + "\n")
-    return page
+    tmp = work / "wrk"
+    tmp.mkdir(exist_ok=True)
+    if phase == "two":
+        results["two"] = two_phase(repo, logs, specs, slos, cfg, results)
+        return
+    spec, slo, into = specs[model], slos[model], results.setdefault(phase, {})
+    if phase == "levels":
+        into[model] = levels_phase(repo, work, logs, spec, slo, cfg, tmp)
+    elif phase == "single":
+        into[model] = single_phase(repo, work, spec, slo, cfg)
+    else:
+        cap = capacity(results, model, slo, cfg) or MEASURED_CAPACITY.get(model)
+        if cap is None:
+            print(f"  {model}: no levels results for the capacity: measuring it ...", flush=True)
+            cap = MEASURED_CAPACITY[model] = measure_capacity(solo_repository(repo, work, model), spec, cfg, tmp)
+        print(f"  {model}: capacity {cap['rps']:.0f} req/s ({cap['source']})", flush=True)
+        if phase == "open":
+            into[model] = open_phase(repo, work, logs, spec, slo, cfg, cap, tmp)
+        else:
+            into[model] = steps_phase(repo, work, logs, spec, slo, cfg, results, cap)
 
 
 if __name__ == "__main__":

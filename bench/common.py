@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -19,14 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batchpilot.runtime.demo_models import build_demo_modules
+from batchpilot.runtime.demo_models import IMAGE_SIZE, VOCAB_SIZE, build_demo_modules
 from batchpilot.testing.loadgen import _read_response
 from batchpilot.testing.processes import child_process, free_port, serving
+from batchpilot.testing.requests import v2_binary_body
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_CPU = "0"  # the server gets one core...
 CLIENT_CPU = "1"  # ...and the load generator the other
 BENCH_LOCK = Path("/tmp/batchpilot-bench.lock")  # benchmarks on this shared machine never overlap
+SEQ_LEN = 32  # every NLP request carries exactly this many tokens, so every system does the same work
 
 
 @contextmanager
@@ -158,6 +161,66 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Workload:
+    model: str
+    body_label: str
+    body: bytes
+    headers: dict[str, str]
+
+
+# -- request bodies (wrk's and the asyncio clients') ----------------------------------------------------------
+def v2_json(name: str, datatype: str, array: np.ndarray) -> bytes:
+    """A compact v2 JSON infer request with one input (flat `data`)."""
+    doc = {
+        "inputs": [{"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.reshape(-1).tolist()}]
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def workloads() -> dict[str, list[Workload]]:
+    """Per model: the v2 JSON body every system gets, plus BatchPilot's binary-tensor extra."""
+    rng = np.random.default_rng(0)
+    values = np.round(rng.standard_normal((1, 3, IMAGE_SIZE, IMAGE_SIZE)), 3)  # 3 decimals: ~78 KB of JSON
+    image = values.astype(np.float32)
+    tokens = rng.integers(1, VOCAB_SIZE, size=(1, SEQ_LEN), dtype=np.int64)
+    json_headers = {"Content-Type": "application/json"}
+    cv_json = v2_json("image", "FP32", values)
+    nlp_json = v2_json("input_ids", "INT64", tokens)
+    return {
+        "json": [
+            Workload("resnet-mini", f"v2 JSON FP32 [1,3,64,64], {len(cv_json) / 1e3:.0f} KB", cv_json, json_headers),
+            Workload("textcls", f"v2 JSON INT64 [1,{SEQ_LEN}], {len(nlp_json)} B", nlp_json, json_headers),
+        ],
+        "binary": [
+            Workload(
+                "resnet-mini",
+                "v2 binary tensors FP32 [1,3,64,64] (binary output)",
+                *v2_binary_body("image", "FP32", image, ["logits"]),
+            ),
+            Workload(
+                "textcls",
+                f"v2 binary tensors INT64 [1,{SEQ_LEN}] (binary outputs)",
+                *v2_binary_body("input_ids", "INT64", tokens, ["logits", "token_scores"]),
+            ),
+        ],
+    }
+
+
+def machine() -> str:
+    """CPU model, cores, memory, kernel and Python, for the results pages."""
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
+    return f"{cpu}, {os.cpu_count()} cores, {mem / 2**20:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}"
+
+
 def v2_json_body(name: str, datatype: str, shape: list[int], data: list) -> bytes:
     return json.dumps({"inputs": [{"name": name, "datatype": datatype, "shape": shape, "data": data}]}).encode()
 
@@ -165,63 +228,100 @@ def v2_json_body(name: str, datatype: str, shape: list[int], data: list) -> byte
 @dataclass
 class Window:
     start_s: float
-    requests_per_s: float
-    p99_ms: float  # nan when nothing completed
-    concurrency: int
+    requests_per_s: float  # answers with status 200 per second
+    p99_ms: float  # of those answers; nan when none completed
+    level: float  # closed loop: clients; open loop: offered arrivals per second
+    errors: int = 0  # non-200 answers and requests that got no answer
+    sent_per_s: float = 0.0  # requests sent (open loop: scheduled arrivals) in the window, per second
 
 
 @dataclass
 class Timeline:
-    """A closed-loop run, request by request: completion time (s since the start) and latency."""
+    """A load run, request by request: when each one ended (s since the start), its latency and its HTTP
+    status (0 = no answer: the connection failed)."""
 
     done_s: np.ndarray
     latency_s: np.ndarray
-    errors: int
-    steps: list[tuple[float, int]]  # (start s, clients)
+    status: np.ndarray
+    steps: list[tuple[float, float]]  # (start s, clients or offered arrivals/s)
+    end_s: float = 0.0  # when the schedule ended
+    sent: int = 0
+    unfinished: int = 0  # open loop: still unanswered when the drain time ran out
+    skipped: int = 0  # open loop: arrivals not sent because the client's in-flight cap was reached
+    stale_retries: int = 0  # open loop: re-sent on a fresh connection after an idle keep-alive one was closed
+    lag_p99_ms: float = 0.0  # open loop: p99 of how late the client sent a request after its scheduled arrival
+
+    @property
+    def errors(self) -> int:
+        return int(np.count_nonzero(self.status != 200)) + self.unfinished
+
+    def statuses(self, t0: float = 0.0, t1: float = float("inf")) -> dict[int, int]:
+        values, counts = np.unique(self.status[(self.done_s >= t0) & (self.done_s < t1)], return_counts=True)
+        return {int(v): int(n) for v, n in zip(values, counts, strict=True)}
 
     def between(self, t0: float, t1: float) -> np.ndarray:
-        return self.latency_s[(self.done_s >= t0) & (self.done_s < t1)]
+        """Latencies (s) of the successful requests that ended in [t0, t1)."""
+        return self.latency_s[(self.done_s >= t0) & (self.done_s < t1) & (self.status == 200)]
 
     def rate_p99(self, t0: float, t1: float) -> tuple[float, float]:
         lat = self.between(t0, t1)
-        return lat.size / (t1 - t0), float(np.percentile(lat, 99)) * 1e3 if lat.size else float("nan")
+        return float(lat.size / (t1 - t0)), float(np.percentile(lat, 99)) * 1e3 if lat.size else float("nan")
 
-    def concurrency_at(self, t: float) -> int:
-        return [self.steps[0][1], *(c for start, c in self.steps if start <= t)][-1]
+    def errors_between(self, t0: float, t1: float) -> int:
+        return int(np.count_nonzero((self.done_s >= t0) & (self.done_s < t1) & (self.status != 200)))
 
-    def windows(self, width_s: float = 1.0) -> list[Window]:
-        end = float(self.done_s.max()) if self.done_s.size else 0.0
+    def sent_between(self, t0: float, t1: float) -> int:
+        """Requests sent in [t0, t1) that ended (sent = end - latency: open loop, the scheduled arrival)."""
+        sent = self.done_s - self.latency_s
+        return int(np.count_nonzero((sent >= t0) & (sent < t1)))
+
+    def level_at(self, t: float) -> float:
+        return [self.steps[0][1], *(level for start, level in self.steps if start <= t)][-1]
+
+    def windows(self, width_s: float = 1.0, start_s: float = 0.0, end_s: float | None = None) -> list[Window]:
+        """Whole windows of `width_s` from `start_s` up to `end_s` (default: the end of the schedule)."""
+        end = self.end_s if end_s is None else end_s
+        starts = (float(t) for t in np.arange(start_s, end - width_s + 1e-6, width_s))
         return [
-            Window(t, *self.rate_p99(t, t + width_s), self.concurrency_at(t))
-            for t in np.arange(0.0, end - width_s / 2, width_s)
+            Window(
+                t,
+                *self.rate_p99(t, t + width_s),
+                self.level_at(t),
+                self.errors_between(t, t + width_s),
+                self.sent_between(t, t + width_s) / width_s,
+            )
+            for t in starts
         ]
 
 
 async def closed_loop_timeline(
-    host: str, port: int, requests: Sequence[bytes], schedule: Sequence[tuple[float, int]], seed: int = 0
+    host: str,
+    port: int,
+    requests: Sequence[bytes],
+    schedule: Sequence[tuple[float, int]],
+    seed: int = 0,
+    t0: float | None = None,
 ) -> Timeline:
     """Closed-loop clients over keep-alive connections (as `batchpilot.testing.loadgen.run_load`), recording
-    every answer's completion time; `schedule` is [(seconds, clients), ...] run one after the other."""
+    every answer's completion time; `schedule` is [(seconds, clients), ...] run one after the other. Times
+    count from `t0` (a `time.perf_counter()` value; default: now), so other recorders can share it."""
     rng = np.random.default_rng(seed)
     done: list[float] = []
     latency: list[float] = []
-    errors = 0
-    t0 = time.perf_counter()
-    steps: list[tuple[float, int]] = []
+    status: list[int] = []
+    t0 = time.perf_counter() if t0 is None else t0
+    steps: list[tuple[float, float]] = []
 
     async def client(deadline: float) -> None:
-        nonlocal errors
         reader, writer = await asyncio.open_connection(host, port)
         try:
             while (start := time.perf_counter()) < deadline:
                 writer.write(requests[int(rng.integers(len(requests)))])
-                status = await _read_response(reader)
+                code = await _read_response(reader)
                 end = time.perf_counter()
-                if status == 200:
-                    done.append(end - t0)
-                    latency.append(end - start)
-                else:
-                    errors += 1
+                done.append(end - t0)
+                latency.append(end - start)
+                status.append(code)
         finally:
             writer.close()
 
@@ -229,7 +329,109 @@ async def closed_loop_timeline(
         steps.append((time.perf_counter() - t0, clients))
         deadline = time.perf_counter() + duration_s
         await asyncio.gather(*(client(deadline) for _ in range(clients)))
-    return Timeline(np.asarray(done), np.asarray(latency), errors, steps)
+    end_s = time.perf_counter() - t0
+    return Timeline(np.asarray(done), np.asarray(latency), np.asarray(status, dtype=int), steps, end_s, len(done))
+
+
+_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def open_loop_timeline(
+    host: str,
+    port: int,
+    requests: Sequence[bytes],
+    schedule: Sequence[tuple[float, float]],
+    seed: int = 0,
+    t0: float | None = None,
+    max_in_flight: int = 2048,
+    drain_s: float = 10.0,
+) -> Timeline:
+    """Open loop: Poisson arrivals at each step's rate, `schedule` = [(seconds, arrivals/s), ...], on an
+    absolute schedule (a slow server cannot slow the load down). Each request goes out on an idle keep-alive
+    connection, or a new one when none is idle. Latency counts from the request's scheduled arrival, so the
+    client's own lateness is charged too (no coordinated omission; `lag_p99_ms` tells how late it was).
+    After the last step, requests still in flight get `drain_s` to finish; the rest count as unfinished."""
+    rng = np.random.default_rng(seed)
+    done: list[float] = []
+    latency: list[float] = []
+    status: list[int] = []
+    lags: list[float] = []
+    idle: list[_Conn] = []
+    tasks: set[asyncio.Task[None]] = set()
+    t0 = time.perf_counter() if t0 is None else t0
+    steps: list[tuple[float, float]] = []
+    counts = {"sent": 0, "skipped": 0, "stale": 0}
+
+    async def exchange(conn: _Conn, request: bytes) -> int:
+        try:
+            conn[1].write(request)
+            return await _read_response(conn[0])
+        except BaseException:
+            conn[1].close()
+            raise
+
+    async def one(request: bytes, at: float) -> None:
+        code, conn = 0, None
+        try:
+            if idle:
+                conn = idle.pop()
+                try:
+                    code = await exchange(conn, request)
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    # The server closed this idle keep-alive connection (idle timeout, or after an error
+                    # answer): the request never reached it. Re-send once on a fresh one, as clients do.
+                    counts["stale"] += 1
+                    conn = None
+            if conn is None:
+                conn = await asyncio.open_connection(host, port)
+                code = await exchange(conn, request)
+        except (OSError, asyncio.IncompleteReadError):
+            code = 0
+        end = time.perf_counter()
+        done.append(end - t0)
+        latency.append(end - at)
+        status.append(code)
+        if code and conn is not None:
+            idle.append(conn)
+
+    for duration_s, rate in schedule:
+        start = time.perf_counter()
+        steps.append((start - t0, rate))
+        at = start
+        while (at := at + float(rng.exponential(1.0 / rate))) < start + duration_s:
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))  # 0: just let the answers in
+            lags.append(time.perf_counter() - at)
+            if len(tasks) >= max_in_flight:
+                counts["skipped"] += 1
+                continue
+            task = asyncio.create_task(one(requests[int(rng.integers(len(requests)))], at))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            counts["sent"] += 1
+        if (wait := start + duration_s - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
+    end_s = time.perf_counter() - t0
+    unfinished = 0
+    if tasks:
+        _, pending = await asyncio.wait(set(tasks), timeout=drain_s)
+        unfinished = len(pending)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for _, writer in idle:
+        writer.close()
+    return Timeline(
+        np.asarray(done),
+        np.asarray(latency),
+        np.asarray(status, dtype=int),
+        steps,
+        end_s,
+        sent=counts["sent"],
+        unfinished=unfinished,
+        skipped=counts["skipped"],
+        stale_retries=counts["stale"],
+        lag_p99_ms=float(np.percentile(lags, 99)) * 1e3 if lags else 0.0,
+    )
 
 
 def _proc_stats() -> dict[int, tuple[int, int, float]]:

@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -31,33 +30,33 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     CLIENT_CPU,
     ROOT,
+    SEQ_LEN,
     SERVER_CPU,
+    Workload,
     bench_lock,
+    machine,
     pinned,
     process_group,
     process_tree,
     table,
     tree_cpu_seconds,
+    workloads,
     wrk,
 )
 
 from batchpilot import __version__ as batchpilot_version
-from batchpilot.runtime.demo_models import IMAGE_SIZE, VOCAB_SIZE, build_demo_modules, write_demo_repository
+from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
 from batchpilot.testing.processes import free_port
-from batchpilot.testing.requests import v2_binary_body
 
 CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 QUICK_CONCURRENCY = [1, 8, 32]
 SLO_P99_MS = 50.0
 MAX_BATCH, MAX_WAIT_MS = 16, 3.0
-SEQ_LEN = 32  # every NLP request carries exactly this many tokens, so every system does the same work
 TORCH_PIN = "torch==2.13.0"  # the CPU build lies in /opt/wheels; anything else pulls a CUDA build
 VENVS = ROOT / ".bench-venvs"
 PEERS_DIR = ROOT / "bench" / "peers"
@@ -148,14 +147,6 @@ class Row:
 
 
 @dataclass
-class Workload:
-    model: str
-    body_label: str
-    body: bytes
-    headers: dict[str, str]
-
-
-@dataclass
 class Phase:
     """One server up, measured while this run holds the benchmark lock."""
 
@@ -166,44 +157,6 @@ class Phase:
     error: str | None = None
     processes: int = 0  # in the server's tree once ready
     cpus: str = ""  # the cores they may run on (taskset is inherited)
-
-
-# -- request bodies --------------------------------------------------------------------------------------------
-def v2_json(name: str, datatype: str, array: np.ndarray) -> bytes:
-    """A compact v2 JSON infer request with one input (flat `data`)."""
-    doc = {
-        "inputs": [{"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.reshape(-1).tolist()}]
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def workloads() -> dict[str, list[Workload]]:
-    """Per model: the v2 JSON body every system gets, plus BatchPilot's binary-tensor extra."""
-    rng = np.random.default_rng(0)
-    values = np.round(rng.standard_normal((1, 3, IMAGE_SIZE, IMAGE_SIZE)), 3)  # 3 decimals: ~78 KB of JSON
-    image = values.astype(np.float32)
-    tokens = rng.integers(1, VOCAB_SIZE, size=(1, SEQ_LEN), dtype=np.int64)
-    json_headers = {"Content-Type": "application/json"}
-    cv_json = v2_json("image", "FP32", values)
-    nlp_json = v2_json("input_ids", "INT64", tokens)
-    return {
-        "json": [
-            Workload("resnet-mini", f"v2 JSON FP32 [1,3,64,64], {len(cv_json) / 1e3:.0f} KB", cv_json, json_headers),
-            Workload("textcls", f"v2 JSON INT64 [1,{SEQ_LEN}], {len(nlp_json)} B", nlp_json, json_headers),
-        ],
-        "binary": [
-            Workload(
-                "resnet-mini",
-                "v2 binary tensors FP32 [1,3,64,64] (binary output)",
-                *v2_binary_body("image", "FP32", image, ["logits"]),
-            ),
-            Workload(
-                "textcls",
-                f"v2 binary tensors INT64 [1,{SEQ_LEN}] (binary outputs)",
-                *v2_binary_body("input_ids", "INT64", tokens, ["logits", "token_scores"]),
-            ),
-        ],
-    }
 
 
 # -- installs (outside the lock) ------------------------------------------------------------------------------
@@ -435,19 +388,6 @@ def peer_phases(peer: Peer, repo: Path, args: argparse.Namespace, tmp: Path) -> 
 
 
 # -- report ---------------------------------------------------------------------------------------------------
-def machine() -> str:
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.machine(),
-    )
-    mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
-    return f"{cpu}, {os.cpu_count()} cores, {mem / 2**20:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}"
-
-
 def plot(rows: list[Row], out: Path) -> None:
     import matplotlib
 
