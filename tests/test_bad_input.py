@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from reference import MAX_BODY, assert_close, expected, nlp_inputs
+from reference import MAX_BODY, assert_close, cv_inputs, expected, nlp_inputs
 
 IMG = [1, 3, 64, 64]
 
@@ -28,6 +28,14 @@ def image(shape=IMG, datatype="FP32", data=None, name="image") -> dict:
 def tokens(ids, shape=None, **params) -> dict:
     doc = {"name": "input_ids", "datatype": "INT64", "shape": shape or [1, len(ids)], "data": ids}
     return doc
+
+
+def ragged_image() -> list:
+    """A 1x3x64x64 image as nested lists with one value moved from row 5 to row 7: 12288 values, as the shape
+    asks, in rows of 63 and 65. As JSON it is past 8 KiB, which the codec reads with simdjson."""
+    rows = [row for channel in np.full(IMG, 0.5).tolist()[0] for row in channel]
+    rows[7].append(rows[5].pop())
+    return [[rows[c * 64 : (c + 1) * 64] for c in range(3)]]
 
 
 BINARY_HEADER = json.dumps(
@@ -66,6 +74,14 @@ BAD = [
         {},
         400,
         "input 'input_ids'",
+    ),
+    (
+        "ragged data past 8 KiB",
+        "/v2/models/resnet-mini/infer",
+        v2("", [image(data=ragged_image())]),
+        {},
+        400,
+        "'data' is ragged",
     ),
     ("sequence too long", "/v2/models/textcls/infer", v2("", [tokens([1] * 300)]), {}, 400, "max_length"),
     (
@@ -236,4 +252,36 @@ def test_a_failing_request_does_not_fail_its_batch_mates(server, demo_repository
         logits = np.array(doc["outputs"][0]["data"], dtype=np.float32).reshape(1, -1)
         np.testing.assert_allclose(
             logits, expected(demo_repository, "textcls", good[i])["logits"], rtol=1e-4, atol=1e-4
+        )
+
+
+def test_a_large_ragged_body_fails_alone_in_its_batch_window(server, demo_repository: Path) -> None:
+    """A ragged image past 8 KiB (read by the codec's simdjson path, which once took it as 12288 good values)
+    is refused with a 400 naming the problem, while good JSON images sent at the same instant are answered."""
+    port = server[0]
+    good = cv_inputs(6, seed=7)
+    bodies = [v2("", [image(shape=list(a.shape), data=a.tolist())]) for a in good]
+    bodies.insert(3, v2("", [image(data=ragged_image())]))
+    assert all(len(b) >= 8192 for b in bodies)
+    results: dict[int, tuple[int, dict]] = {}
+    start = threading.Barrier(len(bodies))
+
+    def send(i: int) -> None:
+        start.wait()
+        results[i] = post(port, "/v2/models/resnet-mini/infer", bodies[i], {})
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    status, doc = results.pop(3)
+    assert status == 400, doc
+    assert "input 'image'" in doc["error"] and "ragged" in doc["error"], doc
+    for i, array in zip(sorted(results), good, strict=True):
+        status, doc = results[i]
+        assert status == 200, doc
+        logits = np.array(doc["outputs"][0]["data"], dtype=np.float32).reshape(array.shape[0], -1)
+        np.testing.assert_allclose(
+            logits, expected(demo_repository, "resnet-mini", array)["logits"], rtol=1e-4, atol=1e-4
         )
