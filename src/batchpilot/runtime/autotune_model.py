@@ -61,7 +61,8 @@ class Workload:
 
 
 def read_workload(m: Measurement) -> Workload:
-    """Closed loop or open, from Little's law: `clients` items (the peak in the server) cycle at the
+    """Closed loop or open, from Little's law: `clients` items (the peak in the server, its 98th
+    percentile at arrivals) cycle at the
     arrival rate, so each spends clients / rate per round trip, `mean_s` of it in the server and the
     rest outside. A closed loop's clients wait on the server most of the time (think <= time inside);
     an open loop's arrivals see a server that is mostly emptier than its peak."""
@@ -106,7 +107,7 @@ class Epoch:
     largest_batch: int = 0
     batches: int = 0
     full_batches: int = 0  # batches that reached the size limit
-    peak_in_server: int = 0  # most items in the server at once (seen at arrivals)
+    in_server_seen: list[int] = field(default_factory=list)  # items in the server at each arrival, its own too
     # CPU: the process's CPU clock at the first reading after `settled_at` and at the latest, and what this
     # model's executor spent in between on how many items (the rest went to front-ends and other models).
     cpu_start: float | None = None
@@ -119,7 +120,7 @@ class Epoch:
         if now >= self.settled_at:
             self.items_arrived += n_items
             self.accompanied += n_items if in_server > 0 else 0
-            self.peak_in_server = max(self.peak_in_server, in_server + n_items)
+            self.in_server_seen.append(in_server + n_items)
 
     def add_cpu(self, process_cpu_s: float, now: float) -> None:
         if now < self.settled_at:
@@ -176,7 +177,9 @@ class Epoch:
             utilization=self.busy_s / duration,
             largest_batch=self.largest_batch,
             full_share=self.full_batches / self.batches if self.batches else 0.0,
-            peak_in_server=self.peak_in_server,
+            # The 98th percentile, not the maximum: clients that reconnect leave their abandoned requests
+            # in the server for a moment, and one such moment must not double the population.
+            peak_in_server=int(np.percentile(self.in_server_seen, 98)) if self.in_server_seen else 0,
             frontend_cpu_s=self._frontend_cpu(),
         )
 
