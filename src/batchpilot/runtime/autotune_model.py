@@ -15,6 +15,7 @@ import numpy as np
 class TuningParams:
     max_batch_size: int
     max_queue_delay_s: float
+    max_padding_waste: float | None = None  # NLP length grouping's budget; None: not the tuner's to set
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,9 @@ from batchpilot.runtime.autotune_model import (
     read_workload,
 )
 from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid, plan, plan_closed
+from batchpilot.runtime.one_core_planner import calibrate_client_time, plan_one_core
+from batchpilot.runtime.padding_planner import WASTE_LADDER as WASTE_STEPS
+from batchpilot.runtime.padding_planner import PaddingPlan, plan_padding
 from batchpilot.spec.model import AutotuneSpec
 
 __all__ = ["Autotuner", "Decision", "TuningParams"]
@@ -57,6 +60,7 @@ CHANGE_TRIGGER = 0.3  # relative change of arrival rate or mean latency that reo
 LOW_LOAD_COMPANY = 0.5  # expected companions within the delay under which an unplanned delay drops
 FIT_PER_SIZE = 32  # latest batches of each size behind the fit...
 FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
+FIRST_CALLS = 2  # a size's first batches are not fitted: a TorchScript model specialises on new shapes
 FULL_SHARE = 0.5  # share of full batches over which the size limit binds...
 BUSY = 0.75  # ...while the executor is this busy: a violation then calls for larger batches
 OPEN_HEADROOM = 0.9  # an open loop may load a setting's full-batch capacity up to this share
@@ -67,6 +71,9 @@ TAIL_SLACK = (1.25, 0.001)  # a trial at the same items/s loses with a p99 over 
 # The planner runs inside `step`, on the batcher's event loop: ~10-30 ms per plan over the default grid,
 # once per search (a load change), not per step.
 PLAN_ITEMS = 2000
+PADDING_GAIN = 0.05  # a padding budget must promise this much less executor time per item
+LENGTHS_KEPT = 2048  # recent sequence lengths the padding plan draws from
+TOKEN_BATCHES = 256  # recent single-execution batches behind the per-token cost fit
 MAX_CLIENTS = 512  # a closed loop of more clients is planned as an open one
 
 
@@ -93,6 +100,9 @@ class Autotuner:
         self._slo_s: float = spec.latency_slo_p99_ms / 1000.0
         self._window_s = window_s
         self._incumbent = self._clip(initial)
+        self._lengths: deque[int] = deque(maxlen=LENGTHS_KEPT)
+        self._token_batches: deque[tuple[int, float]] = deque(maxlen=TOKEN_BATCHES)  # (computed tokens, s)
+        self._padding: PaddingPlan | None = None
         self._params = self._incumbent
         self._changes = 0
         self._feasible = True
@@ -113,24 +123,34 @@ class Autotuner:
         self._in_server = 0  # items arrived and not yet executed
         self._batches: dict[int, deque[tuple[float, float, float]]] = {}  # size -> (time, wall s, CPU s)
         self._last_batch_at = 0.0
+        self._sizes_seen: dict[int, int] = {}
         self._answers: deque[tuple[float, float]] = deque()  # (time, latency) for snapshot()
         self._items: deque[tuple[float, int]] = deque()  # (time, batch size) for snapshot()
         self._first_seen: float | None = None
         self._epoch_count = 0
 
     # -- what the batcher reports ------------------------------------------------------------
-    def record_arrival(self, n_items: int, now: float) -> None:
-        """An admitted request entered the queue (each one must later leave in a batch)."""
+    def record_arrival(self, n_items: int, now: float, *, length: int = 0) -> None:
+        """An admitted request entered the queue (each one must later leave in a batch); `length`: its
+        sequence length (tokens per item) for an NLP model."""
         self._epoch_at(now).add_arrival(n_items, self._in_server, now)
         self._in_server += n_items
+        if length > 0 and self._incumbent.max_padding_waste is not None:
+            self._lengths.append(length)
 
-    def record_batch(self, size: int, compute_s: float, now: float, *, cpu_s: float | None = None) -> None:
+    def record_batch(
+        self, size: int, compute_s: float, now: float, *, cpu_s: float | None = None, tokens: int = 0
+    ) -> None:
         """A batch of `size` items finished executing after `compute_s` seconds (`cpu_s` of the executing
-        thread's CPU time, when known)."""
+        thread's CPU time, when known; `tokens`: the token slots it computed, padding included, NLP)."""
+        if tokens > 0:
+            self._token_batches.append((tokens, compute_s if cpu_s is None else cpu_s))
         self._epoch_at(now).add_batch(size, compute_s, now, cpu_s)
         self._in_server = max(0, self._in_server - size)
         cpu = compute_s if cpu_s is None else cpu_s
-        self._batches.setdefault(size, deque(maxlen=FIT_PER_SIZE)).append((now, compute_s, cpu))
+        self._sizes_seen[size] = seen = self._sizes_seen.get(size, 0) + 1
+        if seen > FIRST_CALLS:
+            self._batches.setdefault(size, deque(maxlen=FIT_PER_SIZE)).append((now, compute_s, cpu))
         self._last_batch_at = now
         self._items.append((now, size))
 
@@ -297,6 +317,11 @@ class Autotuner:
                 self._trials += 1
                 self._planned = pick.params
                 return self._move(pick.params, "plan", now, {**self._figures(m), **_predicted(pick, w)})
+            waste = self._pick_padding(w, m)
+            if waste is not None:
+                self._trials += 1
+                self._planned = replace(self._incumbent, max_padding_waste=waste)
+                return self._move(self._planned, "plan:padding", now, {**self._figures(m), **self._padding_figures()})
         self._settled, self._ref, self._backoff_dir = True, m, 0
         self._new_epoch(now)
         return self._verdict(m, now)
@@ -304,18 +329,31 @@ class Autotuner:
     def _pick(self, fit: LatencyFit, w: Workload, m: Measurement) -> CandidatePrediction | None:
         """The queue model's best setting for this load, if it promises more than the incumbent."""
         grid = candidate_grid(self._lo_n, self._ceiling, self._ladder[0], self._ladder[-1])
-        if self._incumbent not in grid:
-            grid.append(self._incumbent)
+        inc = replace(self._incumbent, max_padding_waste=None)
+        if inc not in grid:
+            grid.append(inc)
         sigma = self._spread(fit)
         slo = self._slo_s * TRIAL_MARGIN
-        fit, w = self._one_core(fit, w, m)
         if w.closed and w.clients > MAX_CLIENTS:  # so many sources act as an open loop
             w = replace(w, closed=False)
-        if w.closed:
-            items = max(PLAN_ITEMS, 4 * w.clients)
+        items = max(PLAN_ITEMS, 4 * w.clients)
+        one_core = self._one_core(m)
+        self._charged = one_core[1] if one_core else None
+        if w.closed and one_core is not None:
+            cpu_fit, f = one_core
+            client_s = calibrate_client_time(inc, cpu_fit, w.clients, f, w.think_s, service_sigma=sigma, items=items)
+            w = replace(w, think_s=client_s)
+            p = plan_one_core(cpu_fit, w.clients, f, client_s, slo, grid, service_sigma=sigma, items=items)
+        elif w.closed:
             p = plan_closed(fit, w.clients, w.think_s, slo, grid, service_sigma=sigma, items=items)
         else:
+            if one_core is not None:  # an open loop on one core: each item also costs its front-end CPU
+                cpu_fit, f = one_core
+                fit = LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
             p = plan(fit, w.arrival_rate, slo, grid, service_sigma=sigma, items=PLAN_ITEMS)
+        waste = self._incumbent.max_padding_waste  # the grid plans size and delay; the budget stays
+        same_budget = (replace(c, params=replace(c.params, max_padding_waste=waste)) for c in p.predictions)
+        p = replace(p, predictions=tuple(same_budget))
         here = next(c for c in p.predictions if c.params == self._incumbent)
         # The model's error at the incumbent scales every predicted tail (within reason). An open loop's
         # tail within 10% of a setting's capacity is beyond what a short sample predicts: unsafe.
@@ -342,7 +380,7 @@ class Autotuner:
             (c for c in meeting if c.items_per_s >= 0.99 * top),
             key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size),
         )
-        if not here.meets(slo):
+        if not here.meets(self._slo_s):  # the incumbent is predicted to break the SLO itself
             return best
         if best.items_per_s > (1 + GAIN) * here.items_per_s:
             return best
@@ -350,17 +388,48 @@ class Autotuner:
             return best
         return None
 
-    def _one_core(self, fit: LatencyFit, w: Workload, m: Measurement) -> tuple[LatencyFit, Workload]:
-        """On one core the executor and the front-ends take turns: a batch of n costs the core its
-        executor CPU time plus n items' front-end CPU (and other models' share, per item of this one),
-        so the plan charges that per item, and takes the front-end's part out of the clients' think time."""
+    def _pick_padding(self, w: Workload, m: Measurement) -> float | None:
+        """NLP: the padding budget the padding planner predicts cheapest per item for queues as long as
+        this load leaves at a release, if it promises PADDING_GAIN less executor time than the budget in
+        force (and its trial has not lost in this search)."""
+        current = self._incumbent.max_padding_waste
+        if current is None or len(self._lengths) < 100 or len(self._token_batches) < 20:
+            return None
+        arr = np.asarray(self._token_batches, dtype=float)
+        token_fit = fit_batch_latency(arr[:, 0], arr[:, 1])
+        if token_fit is None or token_fit.one_size:
+            return None
+        n = self._incumbent.max_batch_size
+        queue = w.clients if w.closed else m.arrival_rate * (self._incumbent.max_queue_delay_s + max(m.mean_s, 0.0))
+        queue = int(min(max(queue, 1), 4 * n))
+        ladder = sorted({*WASTE_STEPS, current})
+        self._padding = plan_padding(list(self._lengths), token_fit, queue, n, ladder=ladder)
+        choice = self._padding.waste
+        tried = replace(self._incumbent, max_padding_waste=choice)
+        if choice == current or tried in self._rejected:
+            return None
+        return choice if self._padding.cost_s[choice] < (1 - PADDING_GAIN) * self._padding.cost_s[current] else None
+
+    def _padding_figures(self) -> dict[str, Any]:
+        pad = self._padding
+        if pad is None:
+            return {}
+        w = pad.waste
+        return {
+            "predicted_us_per_item": round(pad.cost_s[w] * 1e6, 2),
+            "predicted_tokens_per_item": round(pad.tokens_per_item[w], 1),
+            "predicted_items_per_batch": round(pad.items_per_batch[w], 2),
+        }
+
+    def _one_core(self, m: Measurement) -> tuple[LatencyFit, float] | None:
+        """On one core the executor and the front-ends take turns (`one_core_planner`): the executor's
+        CPU fit d(n) and the front-end CPU per item (other models' share included, per item of this one);
+        None on several cores or before both are measured."""
         f = m.frontend_cpu_s
         cpu_fit = self._fit(cpu=True)
-        self._charged = None
         if self._cores != 1 or f is None or cpu_fit is None or cpu_fit.one_size:
-            return fit, w
-        self._charged = f
-        return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s), replace(w, think_s=max(0.0, w.think_s - f))
+            return None
+        return cpu_fit, f
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
@@ -481,7 +550,7 @@ class Autotuner:
     def _clip(self, p: TuningParams) -> TuningParams:
         n = min(max(int(p.max_batch_size), self._lo_n), self._ceiling)
         d = min(max(float(p.max_queue_delay_s), self._ladder[0]), self._ladder[-1])
-        return TuningParams(n, d)
+        return TuningParams(n, d, p.max_padding_waste)
 
     def _move(self, to: TuningParams, kind: str, now: float, detail: dict[str, Any]) -> Decision | None:
         """Put `to` in force and start measuring it. `kind` is "reason" or "reason:knob"."""
@@ -551,4 +620,7 @@ def _company(rate: float, share: float, delay_s: float) -> float:
 
 
 def _params_dict(p: TuningParams) -> dict[str, Any]:
-    return {"max_batch_size": p.max_batch_size, "max_queue_delay_us": round(p.max_queue_delay_s * 1e6)}
+    out: dict[str, Any] = {"max_batch_size": p.max_batch_size, "max_queue_delay_us": round(p.max_queue_delay_s * 1e6)}
+    if p.max_padding_waste is not None:
+        out["max_padding_waste"] = p.max_padding_waste
+    return out

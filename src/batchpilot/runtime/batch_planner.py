@@ -50,6 +50,8 @@ __all__ = [
     "CandidatePrediction",
     "Plan",
     "candidate_grid",
+    "finer_delays",
+    "pick_closed",
     "plan",
     "plan_closed",
     "predict_candidate",
@@ -379,13 +381,15 @@ def plan_closed(
         raise ValueError("no candidates to plan over")
     options = dict(cpu_share=cpu_share, service_sigma=service_sigma, items=items, seed=seed)
     preds = predict_closed(candidates, fit, clients, think_s, **options)  # type: ignore[arg-type]
-    finer = _finer_delays(_pick_closed(preds, slo_s)[0].params, candidates)
+    finer = finer_delays(pick_closed(preds, slo_s)[0].params, candidates)
     preds += predict_closed(finer, fit, clients, think_s, **options)  # type: ignore[arg-type]
-    best, feasible = _pick_closed(preds, slo_s)
+    best, feasible = pick_closed(preds, slo_s)
     return Plan(best=best, feasible=feasible, slo_s=slo_s, predictions=tuple(preds))
 
 
-def _pick_closed(preds: Sequence[CandidatePrediction], slo_s: float) -> tuple[CandidatePrediction, bool]:
+def pick_closed(preds: Sequence[CandidatePrediction], slo_s: float) -> tuple[CandidatePrediction, bool]:
+    """The most items/s within the SLO (within 1% a tie: lower p99, shorter delay, smaller batch); none
+    such: the lowest p99. Returns (pick, whether it meets the SLO)."""
     meeting = [c for c in preds if c.meets(slo_s)]
     if not meeting:
         return min(preds, key=lambda c: (c.p99_s, -c.items_per_s)), False
@@ -394,7 +398,7 @@ def _pick_closed(preds: Sequence[CandidatePrediction], slo_s: float) -> tuple[Ca
     return min(near, key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size)), True
 
 
-def _finer_delays(best: TuningParams, grid: Sequence[TuningParams]) -> list[TuningParams]:
+def finer_delays(best: TuningParams, grid: Sequence[TuningParams]) -> list[TuningParams]:
     """Delays in eighths between `best`'s delay and its neighbours among the grid's delays."""
     delays = sorted({c.max_queue_delay_s for c in grid})
     i = delays.index(best.max_queue_delay_s) if best.max_queue_delay_s in delays else -1

@@ -90,6 +90,7 @@ class BatchingState(_Wire):
     batching: bool | None = None
     max_batch_size: int | None = None
     max_queue_delay_microseconds: int | None = None
+    max_padding_waste: float | None = None  # NLP with the autotuner on: the length grouping's budget in force
     queue_depth: int | None = None
     autotune: AutotuneState = AutotuneState()
     recent: RecentState = RecentState()

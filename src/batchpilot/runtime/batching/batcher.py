@@ -235,6 +235,7 @@ class Batcher:
             decision = self.tuner.step()
             self.observers.tuned(self.tuner.slo_feasible, decision is not None and decision.changed)
             if decision is not None:
+                self.policy.tune(decision.params.max_padding_waste)
                 self.observers.params_changed(decision.params)
 
     def batching_state(self) -> BatchingState:
@@ -245,6 +246,7 @@ class Batcher:
             batching=self.batching,
             max_batch_size=p.max_batch_size,
             max_queue_delay_microseconds=round(p.max_queue_delay_s * 1e6),
+            **({} if p.max_padding_waste is None else {"max_padding_waste": p.max_padding_waste}),
             queue_depth=len(self.queue),
             autotune=self.tuner.report(),
             recent=RecentState(**self.recent.summary(self._loop.time() if self._loop else 0.0)),

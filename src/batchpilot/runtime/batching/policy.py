@@ -14,6 +14,9 @@ from batchpilot.runtime.batching.request import Pending, Slice
 
 
 class BatchPolicy(Protocol):
+    def tune(self, max_padding_waste: float | None) -> None:
+        """The tuner's padding budget (None: keep the one in force)."""
+
     def ready_items(self, queue: BatchQueue, head: Pending) -> int:
         """Items that could join a batch started by `head` (an upper bound is fine)."""
 
@@ -30,6 +33,9 @@ def _take_slice(queue: BatchQueue, request: Pending, room: int) -> Slice:
 
 class StackPolicy:
     """Same-shape requests in queue order (priority first, then FIFO)."""
+
+    def tune(self, max_padding_waste: float | None) -> None:
+        pass  # same shapes never pad
 
     def ready_items(self, queue: BatchQueue, head: Pending) -> int:
         return queue.items_by_key[head.key]
@@ -62,6 +68,10 @@ class LengthGroupPolicy:
 
     def __init__(self, max_padding_waste: float) -> None:
         self.min_efficiency = 1.0 - max_padding_waste
+
+    def tune(self, max_padding_waste: float | None) -> None:
+        if max_padding_waste is not None:
+            self.min_efficiency = 1.0 - max_padding_waste
 
     def ready_items(self, queue: BatchQueue, head: Pending) -> int:
         return queue.items

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
 from batchpilot.runtime.batching.executor import BatchTimings
@@ -34,7 +35,7 @@ class StaticTuner(BatchObserver):
 
     def lower_ceiling(self, ceiling: int) -> TuningParams:
         """Never form a batch larger than `ceiling` again; the parameters now in force."""
-        self.params = TuningParams(min(ceiling, self.params.max_batch_size), self.params.max_queue_delay_s)
+        self.params = replace(self.params, max_batch_size=min(ceiling, self.params.max_batch_size))
         return self.params
 
     def step(self) -> Decision | None:
@@ -69,12 +70,14 @@ class AutoTuner(StaticTuner):
 
     # -- observer events ---------------------------------------------------------------------------
     def arrived(self, request: Pending) -> None:
-        self.autotuner.record_arrival(request.n, self.clock())
+        self.autotuner.record_arrival(request.n, self.clock(), length=request.length)
 
     def batch_done(self, timings: BatchTimings) -> None:
         now = self.clock()
+        # The batch's computed tokens belong to one execution only when it ran in one piece.
+        tokens = timings.tokens_computed if len(timings.executions) == 1 else 0
         for (size, t_in, t_infer, t_out), cpu_s in zip(timings.executions, timings.cpu_s, strict=True):
-            self.autotuner.record_batch(size, t_in + t_infer + t_out, now, cpu_s=cpu_s)
+            self.autotuner.record_batch(size, t_in + t_infer + t_out, now, cpu_s=cpu_s, tokens=tokens)
 
     def finished(
         self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
@@ -114,6 +117,11 @@ class AutoTuner(StaticTuner):
                             round(old.max_queue_delay_s * 1e6),
                             round(decision.params.max_queue_delay_s * 1e6),
                         ],
+                        **(
+                            {"max_padding_waste": [old.max_padding_waste, decision.params.max_padding_waste]}
+                            if decision.params.max_padding_waste is not None
+                            else {}
+                        ),
                         **{k: v for k, v in decision.detail.items() if isinstance(v, (int, float, str, bool))},
                     }
                 )
@@ -142,7 +150,10 @@ def make_tuner(spec: ModelSpec, batching: bool) -> StaticTuner:
     if not batching:
         return StaticTuner(spec, TuningParams(1, 0.0))
     static = TuningParams(b.max_batch_size, b.max_queue_delay_microseconds / 1e6)
-    return AutoTuner(spec, static) if spec.autotune.enabled else StaticTuner(spec, static)
+    if not spec.autotune.enabled:
+        return StaticTuner(spec, static)
+    waste = spec.sequence.max_padding_waste if spec.type == "nlp" else None  # the length grouping's budget
+    return AutoTuner(spec, TuningParams(static.max_batch_size, static.max_queue_delay_s, waste))
 
 
 def _clamp(params: TuningParams, spec: ModelSpec) -> TuningParams:
@@ -150,4 +161,5 @@ def _clamp(params: TuningParams, spec: ModelSpec) -> TuningParams:
     return TuningParams(
         min(max(params.max_batch_size, b.min_batch_size), b.max_batch_size),
         min(max(params.max_queue_delay_s, b.min_queue_delay_microseconds / 1e6), b.max_queue_delay_microseconds / 1e6),
+        params.max_padding_waste,
     )

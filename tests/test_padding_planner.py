@@ -1,0 +1,102 @@
+"""The padding-budget planner: its grouping is the runtime policy's, and its pick follows the costs."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
+from batchpilot.runtime.autotuner import Autotuner
+from batchpilot.runtime.batching.policy import LengthGroupPolicy
+from batchpilot.runtime.batching.queue import BatchQueue
+from batchpilot.runtime.batching.request import Pending
+from batchpilot.runtime.padding_planner import group_lengths, plan_padding
+from batchpilot.spec.model import AutotuneSpec
+
+
+def long_tailed(n: int, seed: int = 0) -> list[int]:
+    """Sequence lengths 8-256, most short: a log-uniform draw."""
+    rng = random.Random(seed)
+    return [round(8 * 32 ** rng.random()) for _ in range(n)]
+
+
+def policy_batches(lengths: list[int], waste: float, max_batch: int) -> list[tuple[int, int]]:
+    """The same queue released by the runtime's LengthGroupPolicy."""
+    loop = asyncio.new_event_loop()
+    try:
+        queue = BatchQueue(1)
+        for i, length in enumerate(lengths):
+            ids = np.zeros((1, length), dtype=np.int64)
+            queue.push(Pending({"ids": ids}, 1, ("ids",), length, 0, float(i), i, loop.create_future()))
+        policy = LengthGroupPolicy(waste)
+        out = []
+        while queue.items:
+            slices = policy.take(queue, max_batch, fifo=False)
+            out.append((sum(s.size for s in slices), max(s.request.length for s in slices)))
+        return out
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("waste", [0.0, 0.2, 0.5])
+def test_grouping_is_the_runtime_policy(waste: float) -> None:
+    lengths = long_tailed(40, seed=3)
+    assert group_lengths(lengths, waste, 8) == policy_batches(lengths, waste, 8)
+
+
+def test_per_token_cost_dominant_keeps_the_budget_small() -> None:
+    # 1 us per token, no per-batch cost: padding is pure waste, every budget above 0 costs more.
+    plan = plan_padding(long_tailed(500), LatencyFit(1e-6, 0.0), 32, 32)
+    assert plan.waste == 0.0
+    assert plan.tokens_per_item[0.0] < plan.tokens_per_item[0.5]
+
+
+def test_per_batch_cost_dominant_groups_wider() -> None:
+    # 20 ms per batch and almost nothing per token (a launch-bound GPU): fewer, fuller batches win.
+    plan = plan_padding(long_tailed(500), LatencyFit(1e-9, 0.020), 32, 32)
+    assert plan.waste >= 0.5
+    assert plan.items_per_batch[plan.waste] > 2 * plan.items_per_batch[0.0]
+
+
+def test_one_length_makes_the_budget_irrelevant() -> None:
+    plan = plan_padding([64] * 100, LatencyFit(1e-6, 0.001), 16, 16)
+    assert plan.waste == 0.0  # ties go to the smallest budget
+    assert len(set(plan.cost_s.values())) == 1
+
+
+def test_the_autotuner_moves_the_budget_on_mixed_lengths() -> None:
+    """Driven directly: a closed loop of 32 clients on an NLP model whose batches cost 10 ms + 1 us per
+    token slot; the budget starts at 0 (no padding allowed), lengths are long-tailed 8-256."""
+    spec = AutotuneSpec(enabled=True, latency_slo_p99_ms=200.0)
+    tuner = Autotuner(spec, TuningParams(32, 0.0, 0.0))
+    lengths = long_tailed(4000, seed=1)
+    t, k = 0.0, 0
+    decisions = []
+    while t < 20.0 and not decisions:
+        batch = [lengths[(k + i) % len(lengths)] for i in range(8 + k % 9)]  # batches of 8-16 items
+        k += len(batch)
+        for length in batch:
+            tuner.record_arrival(1, t, length=length)
+        slots = len(batch) * max(batch)
+        d = 0.010 + 1e-6 * slots
+        t += d
+        tuner.record_batch(len(batch), d, t, tokens=slots)
+        for _ in batch:
+            tuner.record_request(0.050, 0.030, t)
+        if k % 64 < len(batch):
+            decision = tuner.step(t)
+            if decision is not None and decision.params.max_padding_waste != 0.0:
+                decisions.append(decision)
+    assert decisions, "the budget never moved"
+    move = decisions[0]
+    assert move.reason == "plan" and move.detail["knob"] == "padding"
+    assert move.params.max_padding_waste is not None and move.params.max_padding_waste > 0.0
+    before = move.detail["from"]
+    assert (before["max_batch_size"], before["max_queue_delay_us"]) == (  # the budget moves alone
+        move.params.max_batch_size,
+        round(move.params.max_queue_delay_s * 1e6),
+    )
+    assert move.detail["predicted_items_per_batch"] > 8
