@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
-from batchpilot.runtime.batch_planner import predict_closed
+from batchpilot.runtime.batch_planner import Draws, predict_closed
 from batchpilot.runtime.one_core_planner import (
-    _Draws,
     _simulate,
     calibrate_client_time,
     plan_one_core,
@@ -42,6 +41,6 @@ def test_gathering_the_population_wins_when_the_front_end_turns_requests_around_
 def test_calibration_reproduces_the_time_measured_outside() -> None:
     incumbent = TuningParams(8, 0.002)
     client = calibrate_client_time(incumbent, CPU, 16, 0.3e-3, 0.020)
-    _, outside = _simulate(incumbent, CPU, 16, 0.3e-3, _Draws(1500, 0.0, 0).client(client), None)
+    _, outside = _simulate(incumbent, CPU, 16, 0.3e-3, Draws(1500, 0.0, 0).times(client), None)
     assert 0.0 < client < 0.020  # part of the time outside is the front-end's, and waiting for the core
     assert outside == pytest.approx(0.020, rel=0.05)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect_right, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -48,14 +48,17 @@ from batchpilot.runtime.autotune_model import LatencyFit, TuningParams, delay_la
 
 __all__ = [
     "CandidatePrediction",
+    "Draws",
     "Plan",
     "candidate_grid",
+    "closed_candidates",
     "finer_delays",
     "pick_closed",
     "plan",
     "plan_closed",
     "predict_candidate",
     "predict_closed",
+    "refined_plan",
 ]
 
 CLOSED_ITEMS = 1500  # answers simulated per candidate of a closed-loop plan (10% of them warm-up)
@@ -322,6 +325,51 @@ def _simulate_closed(
     )
 
 
+class Draws:
+    """The seeded draws every candidate of a closed-loop plan shares (common random numbers): unit
+    exponential times, scaled to a client's mean, and lognormal service noise."""
+
+    def __init__(self, items: int, service_sigma: float, seed: int) -> None:
+        rng = random.Random(seed)
+        self.unit = [rng.expovariate(1.0) for _ in range(items)]
+        self.noise = [math.exp(service_sigma * rng.gauss(0.0, 1.0)) for _ in range(items)] if service_sigma else None
+
+    def times(self, mean_s: float) -> list[float]:
+        return [u * mean_s for u in self.unit]
+
+
+def closed_candidates(
+    candidates: Iterable[TuningParams], clients: int, simulate: Callable[[TuningParams], CandidatePrediction]
+) -> list[CandidatePrediction]:
+    """`simulate` each candidate once per distinct behaviour: size limits above the number of clients are
+    never reached (a batch then always waits out its delay), and a batch of one never waits."""
+    memo: dict[tuple[int, float], CandidatePrediction] = {}
+    out = []
+    for p in candidates:
+        n = min(p.max_batch_size, clients + 1)
+        key = (n, p.max_queue_delay_s if n > 1 else 0.0)
+        if key not in memo:
+            memo[key] = simulate(TuningParams(*key))
+        out.append(replace(memo[key], params=p))
+    return out
+
+
+def refined_plan(
+    predict: Callable[[Sequence[TuningParams]], list[CandidatePrediction]],
+    candidates: Sequence[TuningParams],
+    slo_s: float,
+) -> Plan:
+    """`pick_closed` over `predict(candidates)`, then again with the best size's delays refined in eighths
+    between the best delay's neighbours on the grid (a closed loop's items/s is sharp in the delay: a batch
+    should wait just long enough for the clients of the previous one to come back)."""
+    if not candidates:
+        raise ValueError("no candidates to plan over")
+    preds = predict(candidates)
+    preds += predict(finer_delays(pick_closed(preds, slo_s)[0].params, candidates))
+    best, feasible = pick_closed(preds, slo_s)
+    return Plan(best=best, feasible=feasible, slo_s=slo_s, predictions=tuple(preds))
+
+
 def predict_closed(
     candidates: Iterable[TuningParams],
     fit: LatencyFit,
@@ -333,29 +381,16 @@ def predict_closed(
     items: int = CLOSED_ITEMS,
     seed: int = 0,
 ) -> list[CandidatePrediction]:
-    """Closed-loop predictions: `clients` sources with exponential think times of mean `think_s`.
-
-    All candidates share the think-time and service-noise draws (common random numbers). Size limits
-    above the number of clients are never reached (a batch then always waits out its delay), so they
-    share one simulation.
-    """
+    """Closed-loop predictions: `clients` sources with exponential think times of mean `think_s`, all
+    candidates on the same draws (see `closed_candidates` for the ones simulated once)."""
     if clients < 1 or items < 2 * clients:
         raise ValueError("need clients >= 1 and items >= 2 * clients")
     if not 0 < cpu_share <= 1:
         raise ValueError(f"cpu_share must be in (0, 1], got {cpu_share}")
-    rng = random.Random(seed)
-    think = [rng.expovariate(1.0 / think_s) if think_s > 0 else 0.0 for _ in range(items)]
-    noise = [math.exp(service_sigma * rng.gauss(0.0, 1.0)) for _ in range(items)] if service_sigma else None
+    draws = Draws(items, service_sigma, seed)
+    think = draws.times(think_s)
     stretched = LatencyFit(fit.a_s / cpu_share, fit.b_s / cpu_share)
-    memo: dict[tuple[int, float], CandidatePrediction] = {}
-    out = []
-    for p in candidates:
-        n = min(p.max_batch_size, clients + 1)
-        key = (n, p.max_queue_delay_s if n > 1 else 0.0)
-        if key not in memo:
-            memo[key] = _simulate_closed(TuningParams(*key), stretched, clients, think, noise)
-        out.append(replace(memo[key], params=p))
-    return out
+    return closed_candidates(candidates, clients, lambda p: _simulate_closed(p, stretched, clients, think, draws.noise))
 
 
 def plan_closed(
@@ -370,21 +405,16 @@ def plan_closed(
     items: int = CLOSED_ITEMS,
     seed: int = 0,
 ) -> Plan:
-    """The closed-loop pick: the most items/s with a predicted p99 within `slo_s` (within 1% of the most
-    counts as a tie, broken by the lower p99, then the shorter delay); none such: the lowest p99,
-    infeasible. The arguments are those of `predict_closed`.
+    """The closed-loop pick (`refined_plan`): the most items/s with a predicted p99 within `slo_s` (within
+    1% of the most counts as a tie, broken by the lower p99, then the shorter delay); none such: the lowest
+    p99, infeasible. The arguments are those of `predict_closed`."""
 
-    A closed loop's items/s is sharp in the delay (a batch should wait just long enough for the clients
-    of the previous one to come back), so after the grid the best size's delays between the best
-    delay's neighbours on the grid are tried in eighths."""
-    if not candidates:
-        raise ValueError("no candidates to plan over")
-    options = dict(cpu_share=cpu_share, service_sigma=service_sigma, items=items, seed=seed)
-    preds = predict_closed(candidates, fit, clients, think_s, **options)  # type: ignore[arg-type]
-    finer = finer_delays(pick_closed(preds, slo_s)[0].params, candidates)
-    preds += predict_closed(finer, fit, clients, think_s, **options)  # type: ignore[arg-type]
-    best, feasible = pick_closed(preds, slo_s)
-    return Plan(best=best, feasible=feasible, slo_s=slo_s, predictions=tuple(preds))
+    def predict(batch: Sequence[TuningParams]) -> list[CandidatePrediction]:
+        return predict_closed(
+            batch, fit, clients, think_s, cpu_share=cpu_share, service_sigma=service_sigma, items=items, seed=seed
+        )
+
+    return refined_plan(predict, candidates, slo_s)
 
 
 def pick_closed(preds: Sequence[CandidatePrediction], slo_s: float) -> tuple[CandidatePrediction, bool]:

@@ -24,14 +24,20 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
-from batchpilot.runtime.batch_planner import CLOSED_ITEMS, WARMUP, CandidatePrediction, Plan, finer_delays, pick_closed
+from batchpilot.runtime.batch_planner import (
+    CLOSED_ITEMS,
+    WARMUP,
+    CandidatePrediction,
+    Draws,
+    Plan,
+    closed_candidates,
+    refined_plan,
+)
 
 __all__ = ["calibrate_client_time", "plan_one_core", "predict_one_core"]
 
@@ -105,18 +111,6 @@ def _simulate(
     return prediction, float(np.mean(outside[len(outside) // 10 :]))
 
 
-class _Draws:
-    """The seeded draws every candidate shares: unit exponential client times and service noise."""
-
-    def __init__(self, items: int, service_sigma: float, seed: int) -> None:
-        rng = random.Random(seed)
-        self.unit = [rng.expovariate(1.0) for _ in range(items)]
-        self.noise = [math.exp(service_sigma * rng.gauss(0.0, 1.0)) for _ in range(items)] if service_sigma else None
-
-    def client(self, mean_s: float) -> list[float]:
-        return [u * mean_s for u in self.unit]
-
-
 def calibrate_client_time(
     incumbent: TuningParams,
     fit: LatencyFit,
@@ -131,10 +125,10 @@ def calibrate_client_time(
 ) -> float:
     """The clients' own mean time per round trip for which the model, at `incumbent`, predicts the
     measured time outside the server `outside_s` (>= 0; a few fixed-point rounds)."""
-    draws = _Draws(items, service_sigma, seed)
+    draws = Draws(items, service_sigma, seed)
     guess = max(0.0, outside_s - frontend_s)
     for _ in range(rounds):
-        _, predicted = _simulate(incumbent, fit, clients, frontend_s, draws.client(guess), draws.noise)
+        _, predicted = _simulate(incumbent, fit, clients, frontend_s, draws.times(guess), draws.noise)
         guess = max(0.0, guess + outside_s - predicted)
     return guess
 
@@ -154,17 +148,11 @@ def predict_one_core(
     with `frontend_s` of front-end CPU per request and the executor's CPU d(n) = `fit`."""
     if clients < 1 or items < 2 * clients:
         raise ValueError("need clients >= 1 and items >= 2 * clients")
-    draws = _Draws(items, service_sigma, seed)
-    client = draws.client(client_s)
-    memo: dict[tuple[int, float], CandidatePrediction] = {}
-    out = []
-    for p in candidates:
-        n = min(p.max_batch_size, clients + 1)
-        key = (n, p.max_queue_delay_s if n > 1 else 0.0)
-        if key not in memo:
-            memo[key] = _simulate(TuningParams(*key), fit, clients, frontend_s, client, draws.noise)[0]
-        out.append(replace(memo[key], params=p))
-    return out
+    draws = Draws(items, service_sigma, seed)
+    client = draws.times(client_s)
+    return closed_candidates(
+        candidates, clients, lambda p: _simulate(p, fit, clients, frontend_s, client, draws.noise)[0]
+    )
 
 
 def plan_one_core(
@@ -181,11 +169,10 @@ def plan_one_core(
 ) -> Plan:
     """The pick of `batch_planner.plan_closed` (the most items/s within the SLO, delays refined between
     the grid's) under the one-core model."""
-    if not candidates:
-        raise ValueError("no candidates to plan over")
-    options = dict(service_sigma=service_sigma, items=items, seed=seed)
-    preds = predict_one_core(candidates, fit, clients, frontend_s, client_s, **options)  # type: ignore[arg-type]
-    finer = finer_delays(pick_closed(preds, slo_s)[0].params, candidates)
-    preds += predict_one_core(finer, fit, clients, frontend_s, client_s, **options)  # type: ignore[arg-type]
-    best, feasible = pick_closed(preds, slo_s)
-    return Plan(best=best, feasible=feasible, slo_s=slo_s, predictions=tuple(preds))
+
+    def predict(batch: Sequence[TuningParams]) -> list[CandidatePrediction]:
+        return predict_one_core(
+            batch, fit, clients, frontend_s, client_s, service_sigma=service_sigma, items=items, seed=seed
+        )
+
+    return refined_plan(predict, candidates, slo_s)
