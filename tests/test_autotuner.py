@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from batchpilot.runtime.autotune_model import TuningParams, delay_ladder, fit_batch_latency, read_workload
 from batchpilot.runtime.autotuner import MAX_MEASURE_S, SETTLE_S, Autotuner
+from batchpilot.runtime.plan_jobs import solve
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
 from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
 
@@ -372,3 +373,65 @@ def test_on_one_core_the_plan_charges_the_front_end_cpu() -> None:
     # The driver serves the same whatever the setting: compare with its rate (a closed loop's arrivals).
     assert one["predicted_items_per_s"] == pytest.approx(one["arrival_rate"], rel=0.06)
     assert many["predicted_items_per_s"] > 1.1 * many["arrival_rate"]
+
+
+def test_a_violation_is_answered_by_a_re_plan_not_a_backoff() -> None:
+    """With a fit over several sizes, an SLO break is re-planned with the measured tail; the pick holds."""
+    load = ClosedLoop(32, think_s=0.002)
+    sim, _ = tuned(CPU, load, 30.0, slo_ms=25, initial=TuningParams(32, 0.010))
+    first = sim.decisions[0][1]
+    assert (first.reason, first.detail.get("knob")) == ("slo-violation", "plan")
+    assert "predicted_p99_ms" in first.detail and first.detail["p99_ms"] > 25
+    best_x, _ = oracle(CPU, load, 0.025)
+    s = sim.stats(15.0, 30.0)
+    assert s.throughput_rps >= 0.95 * best_x and s.p99_s <= 0.025
+
+
+class DeferredPlans:
+    """The tuner as the server runs it: plans handed out by `step`, answered `lag_s` later."""
+
+    def __init__(self, tuner: Autotuner, lag_s: float) -> None:
+        self.tuner, self.lag_s = tuner, lag_s
+        self.asked: dict[int, float] = {}  # id(job) -> when it was handed out
+        self.jobs = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.tuner, name)
+
+    def step(self, now: float) -> object:
+        decision = self.tuner.step(now)
+        job = self.tuner.plan_job
+        if job is not None:
+            if id(job) not in self.asked:
+                self.asked[id(job)] = now
+                self.jobs += 1
+            elif now >= self.asked[id(job)] + self.lag_s:
+                self.tuner.plan_solved(job, solve(job), now)
+        return decision
+
+
+def test_plans_solved_off_the_loop_reach_the_same_setting() -> None:
+    load = ClosedLoop(64, think_s=0.001)
+    inline, _ = tuned(CPU, load, 30.0)
+    deferred = DeferredPlans(Autotuner(spec(50), COLD, inline_plans=False), lag_s=0.5)
+    sim = BatcherSim(CPU, load, COLD, seed=1, tuner=deferred)  # type: ignore[arg-type]
+    sim.run_until(30.0)
+    assert deferred.jobs >= 1 and any(d.reason == "plan" for _, d in sim.decisions)
+    best_x, _ = oracle(CPU, load)
+    s = sim.stats(20.0, 30.0)
+    assert s.throughput_rps >= 0.95 * best_x and s.p99_s <= 0.050
+    assert s.throughput_rps == pytest.approx(inline.stats(20.0, 30.0).throughput_rps, rel=0.05)
+
+
+def test_an_answer_to_a_plan_no_longer_waited_for_is_dropped() -> None:
+    tuner = Autotuner(spec(50), TuningParams(16, 0.002), inline_plans=False)
+    sim = BatcherSim(CPU, ClosedLoop(64, think_s=0.001), TuningParams(16, 0.002), seed=1, tuner=tuner)
+    while tuner.plan_job is None and sim.now < 20.0:
+        sim.run_until(sim.now + 0.25)
+    job = tuner.plan_job
+    assert job is not None
+    tuner.lower_ceiling(4, sim.now)  # the setting changes while the plan is out
+    assert tuner.plan_job is None
+    assert tuner.step(sim.now).reason == "ceiling"
+    tuner.plan_solved(job, solve(job), sim.now)
+    assert tuner.step(sim.now + 0.01) is None and tuner.params.max_batch_size <= 4

@@ -18,8 +18,12 @@ predicted the tuner is settled and makes no changes until the load or the latenc
 No trial starts while an open-loop queue holds more than the SLO's worth of work.
 Before a fit over several batch sizes exists, one probe (size x2 or /2) supplies one.
 A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is
-abandoned; the incumbent backs off multiplicatively (the delay drops to its minimum, else the batch
-size doubles when the executor is the bottleneck or halves when the batches are). When a delay would
+abandoned; the incumbent is re-planned with its measured tail (which scales every predicted one) and
+gives way to the plan's pick; only without a fit over several sizes, or with nothing predicted to do
+better, does it back off multiplicatively (the delay drops to its minimum, else the batch size doubles
+when the executor is the bottleneck or halves when the batches are).
+Plans are data (`plan_jobs.PlanJob`): solved inside `step` (`inline_plans`, the tests and the
+simulator) or handed to the caller, who solves them off the event loop and returns the answer. When a delay would
 gather less than one companion for a batch's first request and no plan chose it, the delay goes to its
 minimum. When no setting meets the SLO, the plan minimises p99 instead and the SLO is reported infeasible.
 """
@@ -43,10 +47,10 @@ from batchpilot.runtime.autotune_model import (
     fit_batch_latency,
     read_workload,
 )
-from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid, plan, plan_closed
-from batchpilot.runtime.one_core_planner import calibrate_client_time, plan_one_core
+from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid
 from batchpilot.runtime.padding_planner import WASTE_LADDER as WASTE_STEPS
 from batchpilot.runtime.padding_planner import PaddingPlan, plan_padding
+from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
 from batchpilot.spec.model import AutotuneSpec
 
 __all__ = ["Autotuner", "Decision", "TuningParams"]
@@ -68,9 +72,7 @@ PLAN_TRIALS = 3  # planned settings tried per search at most
 GAIN = 0.03  # a planned setting must promise this much more items/s than the incumbent...
 TAIL_GAIN = 0.2  # ...or, at the same items/s, this much less p99
 TAIL_SLACK = (1.25, 0.001)  # a trial at the same items/s loses with a p99 over 1.25 x + 1 ms the incumbent's
-# The planner runs inside `step`, on the batcher's event loop: ~10-30 ms per plan over the default grid,
-# once per search (a load change), not per step.
-PLAN_ITEMS = 2000
+PLAN_ITEMS = 2000  # simulated arrivals of an open-loop plan
 PADDING_GAIN = 0.05  # a padding budget must promise this much less executor time per item
 LENGTHS_KEPT = 2048  # recent sequence lengths the padding plan draws from
 TOKEN_BATCHES = 256  # recent single-execution batches behind the per-token cost fit
@@ -85,13 +87,37 @@ class Decision:
     changed: bool = True  # False when only the SLO verdict flipped (reason infeasible or feasible)
 
 
+@dataclass(frozen=True)
+class _Outstanding:
+    """A plan asked for, with what the answer is judged against."""
+
+    job: PlanJob
+    fit: LatencyFit  # wall-time d(n) behind the capacity check (an open loop's on one core: CPU + front-end)
+    workload: Workload
+    measurement: Measurement  # the incumbent's, when the plan was asked for
+    incumbent: TuningParams
+    violation: bool  # asked for because the incumbent broke the SLO
+
+
 class Autotuner:
     """Chooses `max_batch_size` and `max_queue_delay_s` within `spec.bounds` (see module doc)."""
 
-    def __init__(self, spec: AutotuneSpec, initial: TuningParams, *, window_s: float = 10.0, cores: int = 0) -> None:
+    def __init__(
+        self,
+        spec: AutotuneSpec,
+        initial: TuningParams,
+        *,
+        window_s: float = 10.0,
+        cores: int = 0,
+        inline_plans: bool = True,
+    ) -> None:
         """`cores`: CPU cores the process may use; with one, front-ends and executors share it, and the
-        plan charges each item its measured front-end CPU (see `record_cpu`). 0: unknown, no charge."""
+        plan charges each item its measured front-end CPU (see `record_cpu`). 0: unknown, no charge.
+        `inline_plans`: solve plans inside `step`; else `plan_job` holds the plan asked for, which the
+        caller solves elsewhere (off the event loop) and hands back to `plan_solved`."""
         b = spec.bounds
+        self._inline = inline_plans
+        self._outstanding: _Outstanding | None = None
         self._cores = cores
         self._lo_n: int = b.min_batch_size
         self._ceiling: int = b.max_batch_size
@@ -182,6 +208,24 @@ class Autotuner:
             self._pending = self._move(self._incumbent, "ceiling", now, {"ceiling": self._ceiling})
             self._reopen()
 
+    @property
+    def plan_job(self) -> PlanJob | None:
+        """The plan this tuner waits for (only without `inline_plans`): solve it, then `plan_solved`."""
+        return self._outstanding.job if self._outstanding is not None else None
+
+    def plan_solved(self, job: PlanJob, solved: Solved | None, now: float) -> None:
+        """The answer to `job` (None: it failed or took too long). The next `step` returns the decision.
+        An answer to a plan no longer waited for (the setting changed meanwhile) is dropped."""
+        out = self._outstanding
+        if out is None or out.job is not job:
+            return
+        self._outstanding = None
+        if out.incumbent != self._incumbent or self._params != self._incumbent:
+            return
+        decision = self._after_plan(out, solved, now)
+        if decision is not None:
+            self._pending = decision
+
     def step(self, now: float) -> Decision | None:
         """Run the policy; returns a Decision when the parameters (or the SLO verdict) change."""
         if self._pending is not None:
@@ -198,8 +242,8 @@ class Autotuner:
         violating = now >= epoch.settled_at + 0.1 and epoch.violating(self._in_server, now)
         if violating and (backoff := self._on_violation(epoch.measure(now), now)) is not None:
             return backoff
-        if not self._epoch_done(epoch, now):
-            return None
+        if self._outstanding is not None or not self._epoch_done(epoch, now):
+            return None  # (a plan asked for: its answer decides)
         m = epoch.measure(now)
         if self._params != self._incumbent:  # a trial ends
             if not self._confirms(m, self._inc_meas):
@@ -264,6 +308,15 @@ class Autotuner:
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial or not self._feasible:
             return None  # both miss: the trial is judged on p99 at its end; or a lost cause
+        if self._outstanding is not None and self._outstanding.violation:
+            return None  # its re-plan is on the way
+        fit = self._fit()
+        if fit is not None and not fit.one_size and m.arrival_rate > 0 and math.isfinite(m.p99_s):
+            return self._request_plan(fit, read_workload(m), m, now, violation=True)
+        return self._back_off(m, now)
+
+    def _back_off(self, m: Measurement, now: float) -> Decision | None:
+        """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff`."""
         safer = self._backoff(m)
         if safer is None:
             return None  # nothing left to back off to: the search decides at the epoch's end
@@ -315,22 +368,50 @@ class Autotuner:
             if probe != self._incumbent:
                 return self._move(probe, "probe:size", now, self._figures(m))
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and self._trials < PLAN_TRIALS:
-            pick = self._pick(fit, w, m)
-            if pick is not None:
-                self._trials += 1
-                self._planned = pick.params
-                return self._move(pick.params, "plan", now, {**self._figures(m), **_predicted(pick, w)})
-            waste = self._pick_padding(w, m)
-            if waste is not None:
-                self._trials += 1
-                self._planned = replace(self._incumbent, max_padding_waste=waste)
-                return self._move(self._planned, "plan:padding", now, {**self._figures(m), **self._padding_figures()})
+            return self._request_plan(fit, w, m, now, violation=False)
+        return self._settle(m, now)
+
+    def _settle(self, m: Measurement, now: float) -> Decision | None:
         self._settled, self._ref, self._backoff_dir = True, m, 0
         self._new_epoch(now)
         return self._verdict(m, now)
 
-    def _pick(self, fit: LatencyFit, w: Workload, m: Measurement) -> CandidatePrediction | None:
-        """The queue model's best setting for this load, if it promises more than the incumbent."""
+    def _request_plan(
+        self, fit: LatencyFit, w: Workload, m: Measurement, now: float, *, violation: bool
+    ) -> Decision | None:
+        out = self._plan_job(fit, w, m, violation)
+        if self._inline:
+            return self._after_plan(out, solve(out.job), now)
+        self._outstanding = out
+        return None
+
+    def _after_plan(self, out: _Outstanding, solved: Solved | None, now: float) -> Decision | None:
+        """Act on a plan's answer: a violation gives way to the plan's pick for good (or backs off);
+        a search tries the pick, else a padding budget, else settles."""
+        m = out.measurement
+        pick = self._pick(out, solved) if solved is not None else None
+        w = out.workload if solved is None else replace(out.workload, think_s=solved.think_s)
+        if out.violation:
+            if pick is None:
+                return self._back_off(m, now)
+            broken = self._incumbent
+            self._reopen()
+            self._rejected.add(broken)
+            self._incumbent, self._inc_meas, self._planned = pick.params, None, pick.params
+            return self._move(pick.params, "slo-violation:plan", now, {**self._figures(m), **_predicted(pick, w)})
+        if pick is not None:
+            self._trials += 1
+            self._planned = pick.params
+            return self._move(pick.params, "plan", now, {**self._figures(m), **_predicted(pick, w)})
+        waste = self._pick_padding(w, m)
+        if waste is not None:
+            self._trials += 1
+            self._planned = replace(self._incumbent, max_padding_waste=waste)
+            return self._move(self._planned, "plan:padding", now, {**self._figures(m), **self._padding_figures()})
+        return self._settle(m, now)
+
+    def _plan_job(self, fit: LatencyFit, w: Workload, m: Measurement, violation: bool) -> _Outstanding:
+        """The plan for this load over the grid within bounds (the incumbent included)."""
         grid = candidate_grid(self._lo_n, self._ceiling, self._ladder[0], self._ladder[-1])
         inc = replace(self._incumbent, max_padding_waste=None)
         if inc not in grid:
@@ -342,18 +423,33 @@ class Autotuner:
         items = max(PLAN_ITEMS, 4 * w.clients)
         one_core = self._one_core(m)
         self._charged = one_core[1] if one_core else None
+        common: dict[str, Any] = {"grid": tuple(grid), "slo_s": slo, "service_sigma": sigma}
         if w.closed and one_core is not None:
             cpu_fit, f = one_core
-            client_s = calibrate_client_time(inc, cpu_fit, w.clients, f, w.think_s, service_sigma=sigma, items=items)
-            w = replace(w, think_s=client_s)
-            p = plan_one_core(cpu_fit, w.clients, f, client_s, slo, grid, service_sigma=sigma, items=items)
+            job = PlanJob(
+                "one-core",
+                cpu_fit,
+                **common,
+                items=items,
+                clients=w.clients,
+                think_s=w.think_s,
+                frontend_s=f,
+                incumbent=inc,
+            )
         elif w.closed:
-            p = plan_closed(fit, w.clients, w.think_s, slo, grid, service_sigma=sigma, items=items)
+            job = PlanJob("closed", fit, **common, items=items, clients=w.clients, think_s=w.think_s)
         else:
             if one_core is not None:  # an open loop on one core: each item also costs its front-end CPU
                 cpu_fit, f = one_core
                 fit = LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
-            p = plan(fit, w.arrival_rate, slo, grid, service_sigma=sigma, items=PLAN_ITEMS)
+            job = PlanJob("open", fit, **common, items=PLAN_ITEMS, arrival_rate=w.arrival_rate)
+        return _Outstanding(job, fit, w, m, self._incumbent, violation)
+
+    def _pick(self, out: _Outstanding, solved: Solved) -> CandidatePrediction | None:
+        """The plan's best setting for this load, if it promises more than the incumbent (or, the
+        incumbent predicted to break the SLO, meets it)."""
+        p, fit, m, slo = solved.plan, out.fit, out.measurement, self._slo_s * TRIAL_MARGIN
+        w = replace(out.workload, think_s=solved.think_s)
         waste = self._incumbent.max_padding_waste  # the grid plans size and delay; the budget stays
         same_budget = (replace(c, params=replace(c.params, max_padding_waste=waste)) for c in p.predictions)
         p = replace(p, predictions=tuple(same_budget))
@@ -558,6 +654,7 @@ class Autotuner:
     def _move(self, to: TuningParams, kind: str, now: float, detail: dict[str, Any]) -> Decision | None:
         """Put `to` in force and start measuring it. `kind` is "reason" or "reason:knob"."""
         reason, _, knob = kind.partition(":")
+        self._outstanding = None  # a plan asked for under the setting left behind no longer applies
         self._new_epoch(now)
         if to == self._params:
             return None

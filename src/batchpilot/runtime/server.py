@@ -26,6 +26,7 @@ from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.gpu import export_gpu_metrics
 from batchpilot.runtime.hub import HostedModel, ModelHub
 from batchpilot.runtime.metrics import RuntimeMetrics
+from batchpilot.runtime.plan_worker import shared_worker
 from batchpilot.runtime.protocol import limits as connection_limits
 from batchpilot.runtime.protocol.grpc_frontend import BatchPilotServicer, add_servicer
 from batchpilot.runtime.protocol.limits import ConnectionLimits
@@ -176,6 +177,8 @@ class BatchPilotServer(kserve.ModelServer):
                 task.cancel()
             if self._grpc is not None:
                 await self._grpc.stop(grace=5)
+            if (worker := shared_worker()) is not None:
+                worker.close()
 
     def _on_signal(self, loop: asyncio.AbstractEventLoop, sig: signal.Signals) -> None:
         loop.create_task(self.shutdown(sig))

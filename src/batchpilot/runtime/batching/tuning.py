@@ -18,6 +18,8 @@ from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
 from batchpilot.runtime.batching.executor import BatchTimings
 from batchpilot.runtime.batching.observers import BatchObserver, Finished
 from batchpilot.runtime.batching.request import Pending
+from batchpilot.runtime.plan_jobs import PlanJob, Solved
+from batchpilot.runtime.plan_worker import PLAN_TIMEOUT_S, PlanWorker, shared_worker
 from batchpilot.spec.contracts import AutotuneState
 from batchpilot.spec.model import ModelSpec
 
@@ -51,7 +53,8 @@ class StaticTuner(BatchObserver):
 
 
 class AutoTuner(StaticTuner):
-    """The autotuner, told what happens through the observer events and stepped on a timer."""
+    """The autotuner, told what happens through the observer events and stepped on a timer. Its plans
+    are solved by `worker` (off the event loop), or inline without one."""
 
     adaptive = True
 
@@ -61,12 +64,15 @@ class AutoTuner(StaticTuner):
         params: TuningParams,
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.process_time,
+        worker: PlanWorker | None = None,
     ) -> None:
         super().__init__(spec, params)
         self.clock = clock
         self.cpu_clock = cpu_clock  # the whole process's CPU time: front-ends and every model's executor
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
-        self.autotuner = Autotuner(spec.autotune, _clamp(params, spec), cores=cores)
+        self.worker = worker
+        self.autotuner = Autotuner(spec.autotune, _clamp(params, spec), cores=cores, inline_plans=worker is None)
+        self._asked: tuple[PlanJob, float] | None = None  # the plan handed to the worker, and when
 
     # -- observer events ---------------------------------------------------------------------------
     def arrived(self, request: Pending) -> None:
@@ -104,6 +110,7 @@ class AutoTuner(StaticTuner):
         now = self.clock()
         self.autotuner.record_cpu(self.cpu_clock(), now)
         decision = self.autotuner.step(now)
+        self._hand_out_plan(now)
         if decision is not None:
             old, self.params = self.params, decision.params
             log.info(
@@ -127,6 +134,20 @@ class AutoTuner(StaticTuner):
                 )
             )
         return decision
+
+    def _hand_out_plan(self, now: float) -> None:
+        job = self.autotuner.plan_job
+        if job is None or self.worker is None:
+            return
+        if self._asked is None or self._asked[0] is not job:
+            self._asked = (job, now)
+            self.worker.submit(job, self._plan_answered)
+        elif now - self._asked[1] > PLAN_TIMEOUT_S:
+            log.warning("model %s: a plan took over %.0f s, given up", self.spec.name, PLAN_TIMEOUT_S)
+            self.autotuner.plan_solved(job, None, now)
+
+    def _plan_answered(self, job: PlanJob, solved: Solved | None) -> None:
+        self.autotuner.plan_solved(job, solved, self.clock())
 
     @property
     def slo_feasible(self) -> bool:
@@ -153,7 +174,7 @@ def make_tuner(spec: ModelSpec, batching: bool) -> StaticTuner:
     if not spec.autotune.enabled:
         return StaticTuner(spec, static)
     waste = spec.sequence.max_padding_waste if spec.type == "nlp" else None  # the length grouping's budget
-    return AutoTuner(spec, TuningParams(static.max_batch_size, static.max_queue_delay_s, waste))
+    return AutoTuner(spec, TuningParams(static.max_batch_size, static.max_queue_delay_s, waste), worker=shared_worker())
 
 
 def _clamp(params: TuningParams, spec: ModelSpec) -> TuningParams:
