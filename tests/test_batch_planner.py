@@ -29,7 +29,15 @@ from functools import cache
 import pytest
 
 from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
-from batchpilot.runtime.batch_planner import Plan, candidate_grid, plan, plan_closed, predict_candidate, predict_closed
+from batchpilot.runtime.batch_planner import (
+    Plan,
+    candidate_grid,
+    pick_closed,
+    plan,
+    plan_closed,
+    predict_candidate,
+    predict_closed,
+)
 from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Poisson
 
 CPU = LinearLatency(a_s=0.4e-3, b_s=1.2e-3, noise=0.1)  # the demo CNN on one core: capacity 625-2,388 items/s
@@ -204,3 +212,15 @@ def test_closed_loop_pick_and_limits() -> None:
     assert not plan_closed(fit, 64, 0.001, 0.005, GRID).feasible
     with pytest.raises(ValueError):
         predict_closed(GRID, fit, 0, 0.001)
+
+
+def test_a_closed_loop_pick_keeps_a_margin_on_the_delay() -> None:
+    """4 clients that come straight back: batches of 4 fill once a short delay catches them all; the pick
+    waits up to twice that shortest delay (late clients in life), for the same predicted items/s."""
+    fit = LatencyFit(0.85e-3, 1.0e-3)
+    grid = candidate_grid(1, 64, 0.0, 0.010)
+    p = plan_closed(fit, 4, 0.0002, 0.045, grid, service_sigma=0.1)
+    shortest, chosen = pick_closed(p.predictions, 0.045)[0], p.best
+    assert chosen.params.max_batch_size == shortest.params.max_batch_size == 4
+    assert shortest.params.max_queue_delay_s < chosen.params.max_queue_delay_s <= 2 * shortest.params.max_queue_delay_s
+    assert chosen.items_per_s >= 0.99 * shortest.items_per_s

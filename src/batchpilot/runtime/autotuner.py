@@ -47,7 +47,7 @@ from batchpilot.runtime.autotune_model import (
     fit_batch_latency,
     read_workload,
 )
-from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid
+from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid, with_margin
 from batchpilot.runtime.padding_planner import WASTE_LADDER as WASTE_STEPS
 from batchpilot.runtime.padding_planner import PaddingPlan, plan_padding
 from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
@@ -479,6 +479,8 @@ class Autotuner:
             (c for c in meeting if c.items_per_s >= 0.99 * top),
             key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size),
         )
+        if w.closed:
+            best = with_margin(best, meeting, slo)
         if not here.meets(self._slo_s):  # the incumbent is predicted to break the SLO itself
             return best
         if best.items_per_s > (1 + GAIN) * here.items_per_s:
