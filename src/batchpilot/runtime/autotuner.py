@@ -118,6 +118,7 @@ class Autotuner:
         b = spec.bounds
         self._inline = inline_plans
         self._outstanding: _Outstanding | None = None
+        self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
         self._cores = cores
         self._lo_n: int = b.min_batch_size
         self._ceiling: int = b.max_batch_size
@@ -308,10 +309,11 @@ class Autotuner:
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial or not self._feasible:
             return None  # both miss: the trial is judged on p99 at its end; or a lost cause
-        if self._outstanding is not None and self._outstanding.violation:
-            return None  # its re-plan is on the way
+        if self._replanned is self._epoch:
+            return None  # one re-plan per epoch: on its way, or it found nothing better
         fit = self._fit()
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and math.isfinite(m.p99_s):
+            self._replanned = self._epoch
             return self._request_plan(fit, read_workload(m), m, now, violation=True)
         return self._back_off(m, now)
 
