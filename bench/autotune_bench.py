@@ -11,13 +11,22 @@ Phases (--phases, comma-separated):
           every setting a model of its own in one server; the top 3 re-measured after the sweep (the noise);
           the oracle = the best mean throughput of those whose p99 met the SLO. Then the autotuned model,
           cold and alone in a fresh server per level: the first --settle-s discarded, the rest measured.
-  open    open loop (Poisson arrivals) at 50/80/95% of the capacity (the oracle of the highest level):
-          the static best setting vs the autotuned model (fresh server per rate).
-  steps   autotuned, parameters polled every 0.5 s: closed loop 2 -> 32 -> 2 clients, open loop r -> 3r -> r.
+  open    open loop (Poisson arrivals) at 50/80/95% of the open-loop capacity: the static best setting vs
+          the autotuned model (fresh server per rate). The static best setting is the oracle of the highest
+          level (closed loop; without levels results, the demo setting measured with wrk at 64 connections).
+          The open-loop capacity = the highest Poisson rate at which that static setting holds p99 within the
+          SLO with no refusals and no errors, found with this script's asyncio open-loop client: a search
+          from the closed-loop throughput, down (or up) then bisecting, --cap-warmup-s + --cap-window-s per
+          probe, at most --cap-probes probes and --cap-budget-s seconds per model, every probe printed; or
+          given with --capacity MODEL=RPS (no search). The closed-loop figure is kept beside it.
+  steps   autotuned, parameters polled every 0.5 s: closed loop 2 -> 32 -> 2 clients, open loop r -> 3r -> r
+          (r a fraction of the open-loop capacity: the open phase's of this run, --capacity, or searched).
   two     both models in one server, each driven by its own closed-loop clients at once: autotuned pair
           vs static pair (each at its oracle setting of that level).
   single  one client alone: autotune vs --no-batching.
-The soak (10 minutes open loop at 85% of capacity) is bench/soak.py.
+The soak (10 minutes open loop at 85% of the open-loop capacity) is bench/soak.py.
+Every open-loop run reports the client's lateness (send time minus scheduled arrival) p99; above 5 ms the
+client, not the server, set the pace, and the tables say "client behind".
 
 Raw results go to OUT/autotune.json keyed by phase (a rerun of some phases keeps the others'); the page is
 OUT/autotune.md with OUT/autotune-levels.png and OUT/autotune-steps.png. OUT defaults to docs/bench.
@@ -26,6 +35,8 @@ Usage:
   .venv/bin/python bench/autotune_bench.py                            # every phase, both models (see --plan)
   .venv/bin/python bench/autotune_bench.py --quick --out /tmp/at      # smoke test: a few minutes
   .venv/bin/python bench/autotune_bench.py --phases steps,two --slo textcls=75
+  .venv/bin/python bench/autotune_bench.py --phases open --quick --out /tmp/at   # open phase only, small
+  .venv/bin/python bench/autotune_bench.py --phases open --capacity resnet-mini=600,textcls=900  # no search
   .venv/bin/python bench/autotune_bench.py --phases ''                # re-render the page from the JSON
 """
 
@@ -57,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     BENCH_LOCK,
     CLIENT_CPU,
+    LAG_LIMIT_MS,
     ROOT,
     SERVER_CPU,
     Timeline,
@@ -65,7 +77,9 @@ from common import (
     batchpilot_server_logged,
     bench_lock,
     closed_loop_timeline,
+    lag_text,
     machine,
+    open_loop_capacity,
     open_loop_timeline,
     table,
     workloads,
@@ -110,6 +124,10 @@ class Config:
     two_s: float
     single_s: float
     client_encoding: str  # the asyncio clients' body (open, steps, two, single)
+    cap_warmup_s: float  # open-loop capacity search: each probe's warm-up at its rate (discarded)...
+    cap_window_s: float  # ...and its measured window
+    cap_probes: int  # at most this many probes...
+    cap_budget_s: float  # ...and no probe started that would end after this many seconds (per model)
 
     @property
     def static_warm_s(self) -> int:
@@ -140,6 +158,10 @@ FULL = Config(
     two_s=30.0,
     single_s=10.0,
     client_encoding="binary",
+    cap_warmup_s=2.0,
+    cap_window_s=6.0,
+    cap_probes=8,
+    cap_budget_s=90.0,
 )
 QUICK = replace(
     FULL,
@@ -157,6 +179,10 @@ QUICK = replace(
     skip_s=1.0,
     two_s=3.0,
     single_s=2.0,
+    cap_warmup_s=1.0,
+    cap_window_s=2.0,
+    cap_probes=3,
+    cap_budget_s=12.0,
 )
 
 
@@ -464,8 +490,9 @@ def oracle(level: dict[str, Any], slo: float) -> dict[str, Any] | None:
     return max(cands, key=lambda x: x["rps"]) | {"feasible": feasible, "both_runs": False}
 
 
-def capacity(results: dict[str, Any], model: str, slo: float, cfg: Config) -> dict[str, Any] | None:
-    """The oracle of the highest level measured in the levels phase (the client's body preferred)."""
+def closed_capacity(results: dict[str, Any], model: str, slo: float, cfg: Config) -> dict[str, Any] | None:
+    """The closed-loop capacity: the oracle of the highest level measured in the levels phase (the client's
+    body preferred). Its setting is the open-loop rows' static setting; its req/s starts the open-loop search."""
     lv = results.get("levels", {}).get(model)
     if not lv:
         return None
@@ -494,11 +521,16 @@ def level_oracle_rps(results: dict[str, Any], model: str, c: int, slo: float, cf
 
 
 MEASURED_CAPACITY: dict[str, dict[str, Any]] = {}  # per model: measured once per run when there are no levels results
+OPEN_CAPACITY: dict[str, dict[str, Any]] = {}  # per model: the open-loop capacity found (or given) in this run
 
 
-def measure_capacity(solo: Path, spec: ModelSpec, cfg: Config, tmp: Path) -> dict[str, Any]:
+def demo_setting(spec: ModelSpec) -> tuple[int, int]:
+    return spec.batching.max_batch_size, spec.batching.max_queue_delay_microseconds // 1000
+
+
+def measure_closed_capacity(solo: Path, spec: ModelSpec, cfg: Config, tmp: Path) -> dict[str, Any]:
     """No levels results: a dedicated 64-connection measurement of the demo's static setting."""
-    static = (spec.batching.max_batch_size, spec.batching.max_queue_delay_microseconds // 1000)
+    static = demo_setting(spec)
     body = workload(spec.name, cfg.client_encoding)
     with server(solo, env=specs_env(spec_doc(spec, static=static))) as port:
         url = f"http://{HOST}:{port}/v2/models/{spec.name}/infer"
@@ -512,15 +544,90 @@ def measure_capacity(solo: Path, spec: ModelSpec, cfg: Config, tmp: Path) -> dic
     }
 
 
+def closed_basis(
+    results: dict[str, Any], repo: Path, work: Path, spec: ModelSpec, slo: float, cfg: Config, tmp: Path, given: bool
+) -> dict[str, Any]:
+    """The closed-loop capacity (the static setting and the search's start): the levels oracle of this run's
+    results, else a dedicated wrk measurement of the demo setting; with the open-loop capacity `given`,
+    nothing is measured (the demo setting, no closed-loop figure)."""
+    model = spec.name
+    closed = closed_capacity(results, model, slo, cfg) or MEASURED_CAPACITY.get(model)
+    if closed is None and given:
+        closed = {
+            "rps": None,
+            "setting": list(demo_setting(spec)),
+            "source": "not measured, the open-loop capacity was given on the command line; the static setting is the demo's",
+        }
+    if closed is None:
+        print(f"  {model}: no levels results for the closed-loop capacity: measuring it ...", flush=True)
+        closed = MEASURED_CAPACITY[model] = measure_closed_capacity(solo_repository(repo, work, model), spec, cfg, tmp)
+    return closed
+
+
+def open_capacity(
+    port: int, requests: list[bytes], model: str, slo: float, cfg: Config, closed: dict[str, Any], given: float | None
+) -> dict[str, Any]:
+    """The open-loop capacity of the static setting `closed["setting"]`, served at `port`: `given`, or
+    searched with the asyncio open-loop client from the closed-loop figure (common.open_loop_capacity)."""
+    n, d = closed["setting"]
+    base = {"setting": closed["setting"], "closed_loop": closed}
+    if given is not None:
+        cap = base | {"rps": given, "basis": "given", "source": "given on the command line (--capacity)"}
+    else:
+        start = closed["rps"]
+        print(f"  {model}: open-loop capacity search at {n} / {d} ms from {start:.0f}/s ...", flush=True)
+        search = asyncio.run(
+            open_loop_capacity(
+                HOST,
+                port,
+                requests,
+                start_rps=start,
+                slo_ms=slo,
+                window_s=cfg.cap_window_s,
+                warmup_s=cfg.cap_warmup_s,
+                budget_s=cfg.cap_budget_s,
+                max_probes=cfg.cap_probes,
+            )
+        )
+        found = search.rps is not None
+        rps = search.rps if found else min(p.rate for p in search.probes)
+        cap = base | {
+            "rps": rps,
+            "basis": "open-loop search",
+            "source": f"open-loop search ({len(search.probes)} probes of {cfg.cap_warmup_s:g} + {cfg.cap_window_s:g} s, "
+            f"{search.seconds:.0f} s): the highest Poisson rate with p99 <= {slo:g} ms, no refusals, no errors"
+            + ("" if found else " - NONE passed: the lowest rate tried, which failed")
+            + ("" if not found or search.resolution_met else " (bracket not narrowed to 5%: probe limit or budget)")
+            + (f"; client behind (lag p99 > {LAG_LIMIT_MS:g} ms) in some probe" if search.client_behind else ""),
+            "search": search.dump(),
+        }
+    OPEN_CAPACITY[model] = cap
+    closed_text = f"{closed['rps']:.0f} req/s ({closed['source']})" if closed.get("rps") else closed["source"]
+    print(
+        f"  {model}: open-loop capacity {cap['rps']:.0f} req/s at {n} / {d} ms ({cap['source']}); closed-loop figure "
+        f"{closed_text}",
+        flush=True,
+    )
+    return cap
+
+
 def open_phase(
-    repo: Path, work: Path, logs: Path, spec: ModelSpec, slo: float, cfg: Config, cap: dict[str, Any], tmp: Path
+    repo: Path,
+    work: Path,
+    logs: Path,
+    spec: ModelSpec,
+    slo: float,
+    cfg: Config,
+    closed: dict[str, Any],
+    given: float | None,
 ) -> dict[str, Any]:
     model = spec.name
     solo = solo_repository(repo, work, model)
-    static = (int(cap["setting"][0]), int(cap["setting"][1]))
+    static = (int(closed["setting"][0]), int(closed["setting"][1]))
     rows = []
     with server(solo, env=specs_env(spec_doc(spec, static=static))) as port:
         requests = client_requests(model, cfg.client_encoding, port)
+        cap = open_capacity(port, requests, model, slo, cfg, closed, given)
         for load in cfg.open_loads:
             rate = load * cap["rps"]
             t = asyncio.run(open_loop_timeline(HOST, port, requests, [(cfg.static_warm_s, rate), (cfg.open_s, rate)]))
@@ -563,9 +670,24 @@ def open_row(mode: str, load: float, rate: float, t: Timeline, slo: float) -> di
 def print_open(model: str, r: dict[str, Any]) -> None:
     print(
         f"  {model} open loop {r['load']:.0%} ({r['offered_rps']:.0f}/s) {r['mode']}: {r['rps']:.1f} req/s ok, "
-        f"p99 {r['p99_ms']:.1f} ms, errors {r['errors_by_status'] or 0}, unfinished {r['unfinished']}",
+        f"p99 {r['p99_ms']:.1f} ms, errors {r['errors_by_status'] or 0}, unfinished {r['unfinished']}, "
+        f"client lag p99 {lag_text(r['lag_p99_ms'])} ms",
         flush=True,
     )
+
+
+def steps_capacity(
+    repo: Path, work: Path, spec: ModelSpec, slo: float, cfg: Config, closed: dict[str, Any], given: float | None
+) -> dict[str, Any]:
+    """The steps phase's open-loop capacity: the open phase's of this run, else given or searched (a static
+    server of its own)."""
+    if spec.name in OPEN_CAPACITY:
+        return OPEN_CAPACITY[spec.name]
+    static = (int(closed["setting"][0]), int(closed["setting"][1]))
+    with server(solo_repository(repo, work, spec.name), env=specs_env(spec_doc(spec, static=static))) as port:
+        return open_capacity(
+            port, client_requests(spec.name, cfg.client_encoding, port), spec.name, slo, cfg, closed, given
+        )
 
 
 def steps_phase(
@@ -881,7 +1003,7 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     ", ".join(f"{'no answer' if k == '0' else k} x{v}" for k, v in x["errors_by_status"].items())
                     or "0",
                     x["unfinished"],
-                    f"{x['lag_p99_ms']:.1f}",
+                    lag_text(x["lag_p99_ms"]),
                 ]
             )
         for load in sorted({x["load"] for x in r["rows"]}):
@@ -895,17 +1017,27 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     f"achieved {a['rps'] / a['offered_rps']:.0%} of the offered rate vs {s['rps'] / s['offered_rps']:.0%}"
                 )
     cfg = next(op[m] for m in MODELS if m in op)["config"]  # the one `differing` names
-    caps = "; ".join(f"{m} {op[m]['capacity']['rps']:.0f} req/s ({op[m]['capacity']['source']})" for m in op)
+    caps = "; ".join(capacity_text(m, op[m]["capacity"]) for m in MODELS if m in op)
     return [
         "## 2. Open loop (Poisson arrivals): static best setting vs autotuned",
-        f"Capacity: {caps}. The static server holds the oracle setting of that level; each rate runs "
+        "The loads are fractions of the **open-loop capacity**: the highest Poisson arrival rate at which the "
+        "static setting below holds p99 within the SLO with no refusals and no errors, measured with the same "
+        "asyncio open-loop client as the rows (a search from the closed-loop throughput: each probe "
+        f"{cfg.get('cap_warmup_s', '?')} s of warm-up at its rate, then {cfg.get('cap_window_s', '?')} s judged on "
+        "the requests scheduled in it, those answered after it included; down while probes fail, then bisecting to "
+        f"5%; at most {cfg.get('cap_probes', '?')} probes and {cfg.get('cap_budget_s', '?')} s per model), unless "
+        "given on the command line. The closed-loop figure (wrk; the levels oracle of the highest level, whose "
+        "setting the static server holds) is shown for reference only: an open loop queues what a closed loop "
+        f"never offers. Capacity: {caps}. Each rate runs "
         f"{cfg['static_warm_s']} s (discarded) then {cfg['open_s']:g} s measured. Autotuned: a fresh server per "
         f"rate, the first {cfg['settle_s']} s discarded, then {cfg['open_s']:g} s measured. Asyncio client "
         f"({cfg['client_encoding']} bodies), keep-alive connections opened as needed; latency counts from each "
-        "request's scheduled arrival (the client's own lateness included: its p99 is the last column). "
+        "request's scheduled arrival (the client's own lateness included). Client lag = when a request was "
+        "written minus its scheduled arrival, p99 per run; above "
+        f"{LAG_LIMIT_MS:g} ms the row says client behind (the load generator, not the server, set the pace). "
         "Achieved = answers with status 200 per second; errors = non-200 answers by status and requests with no "
         "answer; unfinished = still unanswered 10 s after the last arrival."
-        + differing(op, "open_loads open_s settle_s client_encoding"),
+        + differing(op, "open_loads open_s settle_s client_encoding cap_warmup_s cap_window_s cap_probes cap_budget_s"),
         table(
             [
                 "model",
@@ -924,6 +1056,22 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             rows,
         ),
     ], verdicts
+
+
+def capacity_text(model: str, cap: dict[str, Any]) -> str:
+    """One model's capacity for the page: the open-loop figure, its basis, and the closed-loop one beside it."""
+    closed = cap.get("closed_loop")
+    if closed is None:  # results of an older run: the capacity was the closed-loop figure itself
+        return f"{model} {cap['rps']:.0f} req/s (closed loop: {cap['source']})"
+    n, d = cap["setting"]
+    closed_text = f"{closed['rps']:.0f} req/s ({closed['source']})" if closed.get("rps") else closed["source"]
+    probes = cap.get("search", {}).get("probes", []) if cap.get("search") else []
+    tried = ", ".join(f"{p['rate']:.0f}{'' if p['passed'] else ' ✗'}" for p in probes)
+    return (
+        f"{model} **{cap['rps']:.0f} req/s** open loop at {n} / {d} ms ({cap['source']}"
+        + (f"; rates tried /s: {tried}" if tried else "")
+        + f"), closed-loop figure {closed_text}"
+    )
 
 
 def step_stats(
@@ -974,6 +1122,17 @@ def step_rows(model: str, kind: str, run: dict[str, Any], slo: float, skip_s: fl
     return rows
 
 
+def steps_caps(st: dict[str, Any]) -> str:
+    """The steps phase's capacities and its open schedules' client lateness, for the section's text."""
+    parts = []
+    for m in (m for m in MODELS if m in st and st[m].get("capacity")):
+        cap = st[m]["capacity"]
+        basis = cap.get("basis", "closed loop (an older run)")
+        lag = f", client lag p99 {lag_text(st[m]['open']['lag_p99_ms'])} ms" if "open" in st[m] else ""
+        parts.append(f"{m} {cap['rps']:.0f} req/s, {basis}{lag}")
+    return "; ".join(parts) or "none"
+
+
 def steps_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     st = results.get("steps", {})
     if not st:
@@ -996,7 +1155,7 @@ def steps_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     return [
         "## 4. Load steps (autotuned, one fresh server per schedule)",
         f"Closed loop {' -> '.join(map(str, cfg['step_clients']))} clients and open loop r -> 3r -> r with r = "
-        f"{cfg['step_rate']:g} x the capacity of table 2, {cfg['step_s']:g} s per step; asyncio client "
+        f"{cfg['step_rate']:g} x the open-loop capacity ({steps_caps(st)}), {cfg['step_s']:g} s per step; asyncio client "
         f"({cfg['client_encoding']} bodies). Target = the levels oracle at that many connections (closed; measured "
         "with wrk, whose client costs less than the asyncio one) or the offered rate (open). Time to target = end "
         "of the first 1-s window of the first 3 in a row with p99 <= SLO and >= 95% of the target (open loop: of "
@@ -1132,8 +1291,9 @@ def report(results: dict[str, Any], out: Path) -> str:
         if name == "open" and text:
             body += [
                 "## 3. Soak",
-                "`bench/soak.py` (not run here): 10 minutes open loop at 85% of the capacity measured over a 60-s "
-                "window, reporting errors, refusals, p99 vs the SLO and the server's RSS over time: "
+                "`bench/soak.py` (not run here): 10 minutes open loop at 85% of the open-loop capacity (the static "
+                "demo setting's, found as in table 2 and confirmed over a 60-s window), reporting errors, refusals, "
+                "p99 vs the SLO, the client's lateness and the server's RSS over time: "
                 "`.venv/bin/python bench/soak.py --model resnet-mini --duration 600 --load 0.85 --capacity-window 60`",
             ]
     page = "\n\n".join(
@@ -1272,11 +1432,15 @@ def plan_seconds(cfg: Config, phases: list[str]) -> dict[str, float]:
             + runs * (cfg.static_s + WRK_OVERHEAD_S)
             + tuned * (SERVER_START_S + cfg.tuned_s + 2 * WRK_OVERHEAD_S)
         )
+    search = min(cfg.cap_budget_s, cfg.cap_probes * (cfg.cap_warmup_s + cfg.cap_window_s + 0.5))  # at most
     if "open" in phases:
         k = len(cfg.open_loads)
-        plan["open"] = n_models * ((k + 1) * SERVER_START_S + k * (cfg.static_warm_s + cfg.settle_s + 2 * cfg.open_s))
+        plan["open"] = n_models * (
+            (k + 1) * SERVER_START_S + search + k * (cfg.static_warm_s + cfg.settle_s + 2 * cfg.open_s)
+        )
     if "steps" in phases:
-        plan["steps"] = n_models * 2 * (SERVER_START_S + 3 * cfg.step_s)
+        own_search = 0.0 if "open" in phases else SERVER_START_S + search
+        plan["steps"] = n_models * (own_search + 2 * (SERVER_START_S + 3 * cfg.step_s))
     if "two" in phases:
         plan["two"] = 2 * (SERVER_START_S + 4) + cfg.settle_s + cfg.static_warm_s + 2 * cfg.two_s
     if "single" in phases:
@@ -1296,6 +1460,14 @@ def main() -> int:
         "--plan", action="store_true", help="print the settings and the estimated wall time, run nothing"
     )
     parser.add_argument("--slo", action="append", default=[], metavar="MODEL=MS", help="p99 SLO (default: the spec's)")
+    parser.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        metavar="MODEL=RPS[,MODEL=RPS]",
+        help="open-loop capacity (req/s) for the open and steps phases: skips the search (and, without levels "
+        "results, the closed-loop measurement: the static setting is then the demo's)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench", help="results folder (default docs/bench)")
     parser.add_argument("--note", action="append", default=[], help="a line for the page's notes (kept)")
     parser.add_argument(
@@ -1315,6 +1487,14 @@ def main() -> int:
             help=f"default {shown} (--quick: {getattr(QUICK, f.name)})".replace("%", "%%"),
         )
     args = parser.parse_args()
+    try:
+        capacities = {
+            m.strip(): float(v) for item in args.capacity for m, v in (x.split("=") for x in item.split(",") if x)
+        }
+    except ValueError:
+        parser.error(f"--capacity wants MODEL=RPS[,MODEL=RPS]: {args.capacity}")
+    if bad := set(capacities) - set(MODELS):
+        parser.error(f"--capacity: unknown models {sorted(bad)}")
     given: dict[str, Any] = {
         f.name: parse_list(v, lists[f.name]) if f.name in lists else v
         for f in fields(Config)
@@ -1378,7 +1558,7 @@ def main() -> int:
             for model in targets:
                 with bench_lock() as waited:  # one lock hold per phase and model
                     print(f"== {phase} {model}: waited {waited:.0f} s for {BENCH_LOCK}", flush=True)
-                    run_phase(phase, model, results, repo, work, args.logs, specs, slos, cfg)
+                    run_phase(phase, model, results, repo, work, args.logs, specs, slos, cfg, capacities)
                 save()  # a partial run keeps what it measured
             run["phase_s"][phase] = round(time.monotonic() - started)
             save()
@@ -1403,6 +1583,7 @@ def run_phase(
     specs: dict[str, ModelSpec],
     slos: dict[str, float],
     cfg: Config,
+    capacities: dict[str, float],
 ) -> None:
     tmp = work / "wrk"
     tmp.mkdir(exist_ok=True)
@@ -1415,14 +1596,12 @@ def run_phase(
     elif phase == "single":
         into[model] = single_phase(repo, work, spec, slo, cfg)
     else:
-        cap = capacity(results, model, slo, cfg) or MEASURED_CAPACITY.get(model)
-        if cap is None:
-            print(f"  {model}: no levels results for the capacity: measuring it ...", flush=True)
-            cap = MEASURED_CAPACITY[model] = measure_capacity(solo_repository(repo, work, model), spec, cfg, tmp)
-        print(f"  {model}: capacity {cap['rps']:.0f} req/s ({cap['source']})", flush=True)
+        given = capacities.get(model)
+        closed = closed_basis(results, repo, work, spec, slo, cfg, tmp, given is not None)
         if phase == "open":
-            into[model] = open_phase(repo, work, logs, spec, slo, cfg, cap, tmp)
+            into[model] = open_phase(repo, work, logs, spec, slo, cfg, closed, given)
         else:
+            cap = steps_capacity(repo, work, spec, slo, cfg, closed, given)
             into[model] = steps_phase(repo, work, logs, spec, slo, cfg, results, cap)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import math
 import os
 import platform
 import re
@@ -12,9 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,7 @@ class Timeline:
     skipped: int = 0  # open loop: arrivals not sent because the client's in-flight cap was reached
     stale_retries: int = 0  # open loop: re-sent on a fresh connection after an idle keep-alive one was closed
     lag_p99_ms: float = 0.0  # open loop: p99 of how late the client sent a request after its scheduled arrival
+    lag_max_ms: float = 0.0  # open loop: the latest send
 
     @property
     def errors(self) -> int:
@@ -274,6 +276,12 @@ class Timeline:
         """Requests sent in [t0, t1) that ended (sent = end - latency: open loop, the scheduled arrival)."""
         sent = self.done_s - self.latency_s
         return int(np.count_nonzero((sent >= t0) & (sent < t1)))
+
+    def arrived(self, t0: float, t1: float) -> np.ndarray:
+        """Mask of the requests whose scheduled arrival (open loop; closed loop: send) lies in [t0, t1),
+        whenever they ended (after the schedule too, within the drain time)."""
+        sent = self.done_s - self.latency_s
+        return (sent >= t0) & (sent < t1)
 
     def level_at(self, t: float) -> float:
         return [self.steps[0][1], *(level for start, level in self.steps if start <= t)][-1]
@@ -349,7 +357,9 @@ async def open_loop_timeline(
     """Open loop: Poisson arrivals at each step's rate, `schedule` = [(seconds, arrivals/s), ...], on an
     absolute schedule (a slow server cannot slow the load down). Each request goes out on an idle keep-alive
     connection, or a new one when none is idle. Latency counts from the request's scheduled arrival, so the
-    client's own lateness is charged too (no coordinated omission; `lag_p99_ms` tells how late it was).
+    client's own lateness is charged too (no coordinated omission). Lateness = when the request's first byte
+    was written (after its task got to run, and after connecting when no connection was idle) minus its
+    scheduled arrival; `lag_p99_ms` is its p99 (above LAG_LIMIT_MS the client, not the server, set the pace).
     After the last step, requests still in flight get `drain_s` to finish; the rest count as unfinished."""
     rng = np.random.default_rng(seed)
     done: list[float] = []
@@ -362,8 +372,10 @@ async def open_loop_timeline(
     steps: list[tuple[float, float]] = []
     counts = {"sent": 0, "skipped": 0, "stale": 0}
 
-    async def exchange(conn: _Conn, request: bytes) -> int:
+    async def exchange(conn: _Conn, request: bytes, at: float | None = None) -> int:
         try:
+            if at is not None:  # the first write of this request: its lateness
+                lags.append(time.perf_counter() - at)
             conn[1].write(request)
             return await _read_response(conn[0])
         except BaseException:
@@ -371,20 +383,20 @@ async def open_loop_timeline(
             raise
 
     async def one(request: bytes, at: float) -> None:
-        code, conn = 0, None
+        code, conn, retry = 0, None, False
         try:
             if idle:
                 conn = idle.pop()
                 try:
-                    code = await exchange(conn, request)
+                    code = await exchange(conn, request, at)
                 except (ConnectionError, asyncio.IncompleteReadError):
                     # The server closed this idle keep-alive connection (idle timeout, or after an error
                     # answer): the request never reached it. Re-send once on a fresh one, as clients do.
                     counts["stale"] += 1
-                    conn = None
+                    conn, retry = None, True
             if conn is None:
                 conn = await asyncio.open_connection(host, port)
-                code = await exchange(conn, request)
+                code = await exchange(conn, request, None if retry else at)
         except (OSError, asyncio.IncompleteReadError):
             code = 0
         end = time.perf_counter()
@@ -400,7 +412,6 @@ async def open_loop_timeline(
         at = start
         while (at := at + float(rng.exponential(1.0 / rate))) < start + duration_s:
             await asyncio.sleep(max(0.0, at - time.perf_counter()))  # 0: just let the answers in
-            lags.append(time.perf_counter() - at)
             if len(tasks) >= max_in_flight:
                 counts["skipped"] += 1
                 continue
@@ -431,7 +442,131 @@ async def open_loop_timeline(
         skipped=counts["skipped"],
         stale_retries=counts["stale"],
         lag_p99_ms=float(np.percentile(lags, 99)) * 1e3 if lags else 0.0,
+        lag_max_ms=max(lags) * 1e3 if lags else 0.0,
     )
+
+
+LAG_LIMIT_MS = (
+    5.0  # open loop: above this p99 lateness the client is behind its schedule (it, not the server, is the limit)
+)
+
+
+def lag_text(lag_p99_ms: float) -> str:
+    """A run's client lateness p99 for a table, flagged when the client fell behind."""
+    return f"{lag_p99_ms:.1f}" + (" (client behind)" if lag_p99_ms > LAG_LIMIT_MS else "")
+
+
+@dataclass
+class Probe:
+    """One rate tried by `open_loop_capacity`: figures over the requests *scheduled* in the measured window
+    (those that ended during the drain count; those never answered are errors)."""
+
+    rate: float  # offered arrivals per second
+    arrivals: int  # requests scheduled in the measured window (and sent)
+    p99_ms: float  # of those answered 200, from the scheduled arrival
+    achieved_rps: float  # answers with status 200 that ended in the window, per second
+    refused: int  # 429 / 503 answers
+    errors: int  # every other failure: other non-200 answers, no answer, unfinished, skipped by the in-flight cap
+    lag_p99_ms: float  # the client's lateness (see open_loop_timeline)
+    passed: bool  # p99 <= SLO, no refusals, no errors
+    seconds: float  # wall time of the probe (warm-up, window, drain)
+
+
+@dataclass
+class CapacitySearch:
+    """The open-loop capacity: the highest Poisson rate tried whose window met the SLO with no refusals and
+    no errors (None when none did within the budget)."""
+
+    rps: float | None
+    start_rps: float
+    slo_ms: float
+    window_s: float
+    warmup_s: float
+    probes: list[Probe]
+    seconds: float
+    resolution_met: bool  # the bracket [highest pass, lowest fail] narrowed to the resolution asked
+
+    @property
+    def client_behind(self) -> bool:
+        return any(p.lag_p99_ms > LAG_LIMIT_MS for p in self.probes)
+
+    def dump(self) -> dict[str, object]:
+        return asdict(self) | {"client_behind": self.client_behind, "lag_limit_ms": LAG_LIMIT_MS}
+
+
+def probe_of(t: Timeline, rate: float, slo_ms: float, seconds: float) -> Probe:
+    """Judge an open-loop run of [(warm-up, rate), (window, rate)] on its last step's arrivals."""
+    w0, w1 = t.steps[-1][0], t.end_s
+    mask = t.arrived(w0, w1)
+    status, lat = t.status[mask], t.latency_s[mask]
+    ok = lat[status == 200] * 1e3
+    p99 = float(np.percentile(ok, 99)) if ok.size else float("nan")
+    refused = int(np.count_nonzero((status == 429) | (status == 503)))
+    errors = int(np.count_nonzero(status != 200)) - refused + t.unfinished + t.skipped
+    passed = bool(ok.size and p99 <= slo_ms and refused == 0 and errors == 0)
+    achieved = t.between(w0, w1).size / max(1e-9, w1 - w0)
+    return Probe(rate, int(mask.sum()), p99, achieved, refused, errors, t.lag_p99_ms, passed, seconds)
+
+
+async def open_loop_capacity(
+    host: str,
+    port: int,
+    requests: Sequence[bytes],
+    *,
+    start_rps: float,
+    slo_ms: float,
+    window_s: float = 6.0,
+    warmup_s: float = 2.0,
+    budget_s: float = 90.0,
+    max_probes: int = 8,
+    resolution: float = 0.05,
+    drain_s: float = 2.0,
+    log: Callable[[str], None] = print,
+) -> CapacitySearch:
+    """The highest Poisson arrival rate at which the server, as it is set up now, holds p99 (from the scheduled
+    arrival) within `slo_ms` with no refusals and no errors, found with the open-loop client of the open-loop
+    runs (`open_loop_timeline`). Each probe runs `warmup_s` at its rate (discarded; it also lets a previous
+    probe's backlog clear), then a `window_s` window judged on the requests scheduled in it (see `probe_of`).
+    Search: from `start_rps` (e.g. the closed-loop throughput) down while probes fail (to 0.85x the rate, or
+    0.95x the answers per second the failing probe achieved when lower: under overload that is about the
+    service rate) or up by 1.2x while they pass, then bisect between the highest pass and the lowest fail
+    until they are within `resolution`; at most `max_probes` probes, and no probe started that would end
+    after `budget_s` (the first always runs). Every probe is logged."""
+    lo: float | None = None  # highest rate that passed
+    hi: float | None = None  # lowest rate that failed
+    rate, began = start_rps, time.perf_counter()
+    probes: list[Probe] = []
+    while len(probes) < max_probes and rate >= 1.0:
+        elapsed = time.perf_counter() - began
+        if probes and elapsed + warmup_s + window_s > budget_s:
+            log(f"    capacity search: budget {budget_s:g} s reached after {len(probes)} probes ({elapsed:.0f} s)")
+            break
+        t0 = time.perf_counter()
+        t = await open_loop_timeline(
+            host, port, requests, [(warmup_s, rate), (window_s, rate)], seed=len(probes), drain_s=drain_s
+        )
+        p = probe_of(t, rate, slo_ms, time.perf_counter() - t0)
+        probes.append(p)
+        if p.passed:
+            lo = max(lo or 0.0, rate)
+        else:
+            hi = min(hi or math.inf, rate)
+        log(
+            f"    capacity probe {len(probes)}: {rate:.0f}/s -> p99 {p.p99_ms:.1f} ms (SLO {slo_ms:g}), "
+            f"{p.arrivals} arrivals, refused {p.refused}, errors {p.errors}, achieved {p.achieved_rps:.0f}/s, "
+            f"client lag p99 {lag_text(p.lag_p99_ms)} ms: {'pass' if p.passed else 'FAIL'}; "
+            f"bracket {'-' if lo is None else f'{lo:.0f}'} .. {'-' if hi is None else f'{hi:.0f}'} ({p.seconds:.1f} s)",
+        )
+        if lo is not None and hi is not None:
+            if hi / lo - 1 <= resolution:
+                break
+            rate = (lo + hi) / 2
+        elif lo is None:
+            rate = min(0.85 * rate, 0.95 * p.achieved_rps) if p.achieved_rps > 0 else 0.85 * rate
+        else:
+            rate *= 1.2
+    done = lo is not None and hi is not None and hi / lo - 1 <= resolution
+    return CapacitySearch(lo, start_rps, slo_ms, window_s, warmup_s, probes, time.perf_counter() - began, bool(done))
 
 
 def _proc_stats() -> dict[int, tuple[int, int, float]]:

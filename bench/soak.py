@@ -1,19 +1,45 @@
-"""Soak: measure a demo model's capacity, then hold 85% of it for 10 minutes (not run in CI).
+"""Soak: measure a demo model's open-loop capacity, then hold 85% of it for 10 minutes (not run in CI).
 
-Capacity is the closed-loop throughput of 32 clients over a 60-s window (after 3 s of warm-up). The soak
-is open-loop (Poisson arrivals at a fixed rate, so a slow server cannot slow the load down), over
-keep-alive connections opened as needed. The server is pinned to core 0, this load generator to core 1
-(as in the other benchmarks). Reported: errors (the goal is 0), refusals (429/503 answers), latency and
-p99 against the SLO, and the server process's RSS over time (growth = a leak).
+Capacity (default --capacity-basis open): the highest Poisson arrival rate at which a *static* setting
+(--static, default the demo spec's own 16 items / 2 ms, autotune off) holds p99 within the SLO with no
+refusals and no errors, measured on a server of its own with the open-loop client of the autotuner
+benchmark's open-loop rows (bench/common.py open_loop_capacity):
+  1. warm-up (3 s, 8 closed-loop clients), then the closed-loop throughput of --capacity-clients (32) over
+     --closed-window (10 s): printed for reference, and the search's starting rate;
+  2. the search: probes of --search-warmup (2 s, discarded) + --search-window (6 s), down from that rate
+     while they fail, then bisecting to 5%; at most --search-probes (8) probes and --search-budget (90 s);
+     every probe printed;
+  3. the rate found confirmed over one --capacity-window (60 s) window: if that window fails (p99 over the
+     SLO, a refusal or an error), the rate drops 5% and is confirmed again (at most --confirm-tries in all);
+     the capacity is the confirmed rate (the last one tried, flagged, when none held). --capacity-window 0
+     skips the confirmation.
+--capacity-basis closed keeps the older basis: the closed-loop throughput of --capacity-clients over
+--capacity-window on the soaked server itself (an open loop at 85% of it overloads the server: the clients
+of a closed loop never queue more than themselves). --capacity RPS skips the measurement.
 
-    python bench/soak.py                       # textcls, 600 s at 85% of a 60-s capacity window
+The soak then runs on a fresh server: the demo spec as written (autotuned; --mode static: the --static
+setting), 3 s of closed-loop warm-up, then open loop (Poisson arrivals at a fixed rate, so a slow server
+cannot slow the load down) over keep-alive connections opened as needed; latency counts from each request's
+scheduled arrival, as in the capacity search. The servers are pinned to core 0, this load generator to core 1
+(as in the other benchmarks). Reported: errors (the goal is 0), refusals (429/503 answers), latency and p99
+against the SLO, the client's lateness p99 (its send minus the scheduled arrival; above 5 ms the client, not
+the server, set the pace: flagged), and the soaked server's RSS over time (growth = a leak).
+
+Wall time at the defaults: about 1.5-3.5 min of capacity measurement (servers' start, 13 s closed loop, a
+search of at most 90 s, one or two 60-s confirmations) plus the 600-s soak: 12-14 min.
+
+    python bench/soak.py                       # textcls, 600 s at 85% of the open-loop capacity
     python bench/soak.py --model resnet-mini --duration 120 --load 0.5 --capacity-window 10 --slo-ms 100
+    python bench/soak.py --capacity 700        # no capacity measurement: 85% of 700 req/s
+    python bench/soak.py --duration 5 --closed-window 2 --search-window 2 --search-warmup 1 --search-probes 2 \\
+        --capacity-window 2                    # smoke test (about a minute)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -28,9 +54,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from bench.common import CLIENT_CPU, SERVER_CPU, bench_lock  # noqa: E402 - benchmarks never overlap
+from bench.common import (  # noqa: E402 - benchmarks never overlap
+    CLIENT_CPU,
+    LAG_LIMIT_MS,
+    SERVER_CPU,
+    Probe,
+    bench_lock,
+    lag_text,
+    open_loop_capacity,
+    open_loop_timeline,
+    probe_of,
+)
 
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository  # noqa: E402
+from batchpilot.runtime.repository import SPECS_ENV  # noqa: E402
 from batchpilot.testing.loadgen import run_load  # noqa: E402
 from batchpilot.testing.requests import demo_requests  # noqa: E402
 from test_hardening_server import Served, exchange, server_process  # noqa: E402
@@ -44,12 +81,17 @@ class Soak:
     statuses: dict[int, int] = field(default_factory=dict)
     failures: int = 0  # connection errors: no answer at all
     stale_retries: int = 0  # requests re-sent because their idle keep-alive connection had been closed
-    latencies_s: list[float] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)  # from the scheduled arrival, status 200 only
+    lags_s: list[float] = field(default_factory=list)  # each request's send minus its scheduled arrival
     rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the soak, MiB)
 
     @property
     def errors(self) -> int:
         return self.failures + sum(n for s, n in self.statuses.items() if s != 200)
+
+    @property
+    def lag_p99_ms(self) -> float:
+        return float(np.percentile(self.lags_s, 99)) * 1e3 if self.lags_s else 0.0
 
 
 async def soak(served: Served, requests: list[bytes], rate: float, duration_s: float) -> Soak:
@@ -58,9 +100,10 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
     tasks: set[asyncio.Task[None]] = set()
     rng = np.random.default_rng(0)
 
-    async def one(request: bytes) -> None:
+    async def one(request: bytes, at: float) -> None:
         reused = bool(idle)
         conn = idle.pop() if reused else await asyncio.open_connection("127.0.0.1", served.http)
+        result.lags_s.append(time.perf_counter() - at)
         try:
             reply = await exchange(*conn, request)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -81,7 +124,7 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
                 return
         result.statuses[reply.status] = result.statuses.get(reply.status, 0) + 1
         if reply.status == 200:
-            result.latencies_s.append(reply.seconds)
+            result.latencies_s.append(time.perf_counter() - at)
         idle.append(conn)
 
     start = time.perf_counter()
@@ -90,7 +133,7 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
         if now >= next_rss:
             result.rss.append((now, served.rss_mib()))
             next_rss += RSS_EVERY_S
-        task = asyncio.create_task(one(requests[int(rng.integers(len(requests)))]))
+        task = asyncio.create_task(one(requests[int(rng.integers(len(requests)))], start + next_at))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         result.sent += 1
@@ -104,40 +147,171 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
     return result
 
 
+def static_specs_env(model: str, size: int, delay_ms: float) -> dict[str, str]:
+    """BATCHPILOT_MODEL_SPECS holding `model` at a fixed (size, delay), autotune off (the other demo model as
+    the repository writes it)."""
+    doc = build_demo_modules()[model][0].model_dump(mode="json", by_alias=True)
+    doc["autotune"]["enabled"] = False
+    doc["batching"].update(maxBatchSize=size, maxQueueDelayMicroseconds=int(delay_ms * 1000))
+    return {SPECS_ENV: json.dumps([doc])}
+
+
+def pin_server(served: Served) -> None:
+    if (os.cpu_count() or 1) > 1:  # every thread of the server onto the server core
+        subprocess.run(["taskset", "-a", "-cp", SERVER_CPU, str(served.proc.pid)], check=True, capture_output=True)
+
+
+def closed_loop(served: Served, requests: list[bytes], clients: int, seconds: float) -> float:
+    """3 s of warm-up (8 clients), then the closed-loop throughput of `clients` over `seconds`."""
+    asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=8, duration_s=3.0))
+    return asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=clients, duration_s=seconds)).throughput
+
+
+def confirm(served: Served, requests: list[bytes], rate: float, args: argparse.Namespace, slo_ms: float) -> Probe:
+    """One --capacity-window window at `rate` (after --search-warmup at it), judged as a search probe."""
+    began = time.perf_counter()
+    t = asyncio.run(
+        open_loop_timeline(
+            "127.0.0.1", served.http, requests, [(args.search_warmup, rate), (args.capacity_window, rate)], seed=99
+        )
+    )
+    p = probe_of(t, rate, slo_ms, time.perf_counter() - began)
+    print(
+        f"    confirmation over {args.capacity_window:g} s at {rate:.0f}/s: p99 {p.p99_ms:.1f} ms, "
+        f"{p.arrivals} arrivals, refused {p.refused}, errors {p.errors}, client lag p99 {lag_text(p.lag_p99_ms)} ms: "
+        f"{'pass' if p.passed else 'FAIL'}",
+        flush=True,
+    )
+    return p
+
+
+def open_capacity(repository: Path, tmp: Path, args: argparse.Namespace, slo_ms: float) -> tuple[float, float, str]:
+    """(open-loop capacity, closed-loop reference, how the capacity was found), on a static server."""
+    size, delay = args.static
+    env = static_specs_env(args.model, size, delay)
+    with server_process(repository, tmp / "capacity-server.log", env=env) as served:
+        pin_server(served)
+        reqs = demo_requests(args.model, f"127.0.0.1:{served.http}", count=256)  # the soak's requests
+        closed = closed_loop(served, reqs, args.capacity_clients, args.closed_window)
+        print(
+            f"static {size} / {delay:g} ms: closed-loop throughput {closed:.1f} req/s ({args.capacity_clients} "
+            f"clients, {args.closed_window:g} s); open-loop capacity search from there ...",
+            flush=True,
+        )
+        search = asyncio.run(
+            open_loop_capacity(
+                "127.0.0.1",
+                served.http,
+                reqs,
+                start_rps=closed,
+                slo_ms=slo_ms,
+                window_s=args.search_window,
+                warmup_s=args.search_warmup,
+                budget_s=args.search_budget,
+                max_probes=args.search_probes,
+            )
+        )
+        found = search.rps is not None
+        rate = search.rps if search.rps is not None else min(p.rate for p in search.probes)
+        how = (
+            f"open loop, static {size} / {delay:g} ms: search of {len(search.probes)} probes ({search.seconds:.0f} s)"
+            + ("" if found else ", NONE passed: the lowest rate tried")
+            + ("" if not found or search.resolution_met else ", bracket not narrowed to 5%")
+        )
+        if args.capacity_window > 0 and found:
+            for i in range(args.confirm_tries):
+                if confirm(served, reqs, rate, args, slo_ms).passed:
+                    how += f", confirmed over {args.capacity_window:g} s"
+                    break
+                if i + 1 < args.confirm_tries:
+                    rate *= 0.95
+            else:
+                how += f", NOT confirmed over {args.capacity_window:g} s (the last rate tried)"
+        if search.client_behind:
+            how += f"; client behind (lag p99 > {LAG_LIMIT_MS:g} ms) in some probe"
+    return rate, closed, how
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="textcls", choices=["textcls", "resnet-mini"])
     parser.add_argument("--duration", type=float, default=600.0, help="soak seconds")
     parser.add_argument("--load", type=float, default=0.85, help="fraction of the measured capacity")
-    parser.add_argument("--capacity-window", type=float, default=60.0, help="seconds the capacity is measured over")
-    parser.add_argument("--capacity-clients", type=int, default=32, help="closed-loop clients measuring capacity")
+    parser.add_argument(
+        "--capacity-basis",
+        choices=["open", "closed"],
+        default="open",
+        help="open (default): the open-loop capacity of the --static setting; closed: the older closed-loop basis",
+    )
+    parser.add_argument(
+        "--capacity-window",
+        type=float,
+        default=60.0,
+        help="open basis: the window the capacity found is confirmed over (0: none); closed basis: the "
+        "closed-loop measurement's seconds",
+    )
+    parser.add_argument(
+        "--capacity-clients", type=int, default=32, help="closed-loop clients (the reference figure / closed basis)"
+    )
+    parser.add_argument(
+        "--closed-window", type=float, default=10.0, help="open basis: seconds of the closed-loop reference run"
+    )
+    parser.add_argument(
+        "--static",
+        default=None,
+        metavar="SIZE/DELAY_MS",
+        help="the static setting whose open-loop capacity is measured, and soaked with --mode static (default: the demo spec's, 16/2)",
+    )
+    parser.add_argument("--search-window", type=float, default=6.0, help="seconds measured per search probe")
+    parser.add_argument("--search-warmup", type=float, default=2.0, help="seconds of warm-up per search probe")
+    parser.add_argument("--search-probes", type=int, default=8, help="at most this many search probes")
+    parser.add_argument("--search-budget", type=float, default=90.0, help="seconds the search may take (at most)")
+    parser.add_argument("--confirm-tries", type=int, default=2, help="confirmation windows at most (5%% lower each)")
+    parser.add_argument("--capacity", type=float, help="capacity in req/s: no capacity measurement")
+    parser.add_argument(
+        "--mode",
+        choices=["autotuned", "static"],
+        default="autotuned",
+        help="the soaked server: the demo spec as written (autotuned, default) or the --static setting",
+    )
     parser.add_argument("--slo-ms", type=float, help="p99 SLO in ms (default: the demo model's spec)")
     args = parser.parse_args()
-    slo_ms = args.slo_ms or build_demo_modules()[args.model][0].autotune.latency_slo_p99_ms
+    spec = build_demo_modules()[args.model][0]
+    slo_ms = args.slo_ms or spec.autotune.latency_slo_p99_ms
+    try:
+        size, delay = args.static.split("/") if args.static else (spec.batching.max_batch_size, None)
+        args.static = (
+            int(size),
+            float(delay) if delay is not None else spec.batching.max_queue_delay_microseconds / 1000,
+        )
+    except ValueError:
+        parser.error(f"--static wants SIZE/DELAY_MS, e.g. 16/2: {args.static}")
     if (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {int(CLIENT_CPU)})  # the load generator on its own core
+    closed: float | None = None
     with tempfile.TemporaryDirectory(prefix="batchpilot-soak-") as tmp, bench_lock():
         repository = Path(tmp) / "models"
         write_demo_repository(repository)
-        with server_process(repository, Path(tmp) / "server.log") as served:
-            if (os.cpu_count() or 1) > 1:  # every thread of the server onto the server core
-                subprocess.run(
-                    ["taskset", "-a", "-cp", SERVER_CPU, str(served.proc.pid)], check=True, capture_output=True
-                )
+        if args.capacity:
+            capacity, how = args.capacity, "given (--capacity)"
+        elif args.capacity_basis == "open":
+            capacity, closed, how = open_capacity(repository, Path(tmp), args, slo_ms)
+        env = static_specs_env(args.model, *args.static) if args.mode == "static" else None
+        with server_process(repository, Path(tmp) / "server.log", env=env) as served:
+            pin_server(served)
             requests = demo_requests(args.model, f"127.0.0.1:{served.http}", count=256)
-            asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=8, duration_s=3.0))  # warm-up
-            capacity = asyncio.run(
-                run_load(
-                    "127.0.0.1",
-                    served.http,
-                    requests,
-                    concurrency=args.capacity_clients,
-                    duration_s=args.capacity_window,
+            if not args.capacity and args.capacity_basis == "closed":
+                capacity = closed = closed_loop(served, requests, args.capacity_clients, args.capacity_window)
+                how = (
+                    f"closed loop, {args.capacity_clients} clients over {args.capacity_window:g} s, {args.mode} server"
                 )
-            ).throughput
+            else:
+                asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=8, duration_s=3.0))  # warm-up
             rate = args.load * capacity
             print(
-                f"capacity {capacity:.1f} req/s; soaking at {rate:.1f} req/s for {args.duration:.0f} s ...", flush=True
+                f"capacity {capacity:.1f} req/s ({how}); soaking the {args.mode} server at {rate:.1f} req/s for "
+                f"{args.duration:.0f} s ...",
+                flush=True,
             )
             result = asyncio.run(soak(served, requests, rate, args.duration))
             code = served.stop()
@@ -147,7 +321,12 @@ def main() -> int:
     p99 = float(np.percentile(lat, 99)) if lat.size else float("nan")
     rows = [
         ("model", args.model),
-        (f"capacity (req/s, {args.capacity_clients} clients, {args.capacity_window:g} s)", f"{capacity:.1f}"),
+        ("soaked server", args.mode + (f" {args.static[0]} / {args.static[1]:g} ms" if args.mode == "static" else "")),
+        ("capacity (req/s)", f"{capacity:.1f} ({how})"),
+        (
+            f"closed-loop throughput (req/s, {args.capacity_clients} clients; reference)",
+            "-" if closed is None else f"{closed:.1f}",
+        ),
         ("target rate (req/s)", f"{rate:.1f}"),
         ("achieved rate (req/s)", f"{sum(result.statuses.values()) / args.duration:.1f}"),
         ("requests sent", result.sent),
@@ -157,10 +336,11 @@ def main() -> int:
         ("errors (goal 0)", result.errors),
         ("refusals (429/503, among the errors)", refusals),
         (
-            "latency p50 / p99 / max (ms)",
+            "latency from arrival p50 / p99 / max (ms)",
             f"{np.percentile(lat, 50):.1f} / {np.percentile(lat, 99):.1f} / {lat.max():.1f}" if lat.size else "-",
         ),
         (f"p99 within the SLO ({slo_ms:g} ms)", "yes" if p99 <= slo_ms else "NO"),
+        (f"client lag p99 (ms; > {LAG_LIMIT_MS:g}: client behind)", lag_text(result.lag_p99_ms)),
         ("RSS start / max / end (MiB)", f"{rss[0]:.0f} / {max(rss):.0f} / {rss[-1]:.0f}"),
         ("RSS growth (MiB)", f"{rss[-1] - rss[0]:+.1f}"),
         ("server exit status", code),
