@@ -49,13 +49,13 @@ def demo_requests(model: str, host: str, count: int = 64, seed: int = 0) -> list
     return requests
 
 
-def perf_analyzer_token_data(path: Path, count: int = 16, seed: int = 3) -> Path:
-    """perf_analyzer `--input-data` for the NLP demo model: real token ids, 8 to 64 of them per request
-    (perf_analyzer's own random INT64 data would hold ids outside the vocabulary)."""
+def perf_analyzer_token_data(path: Path, count: int = 16, seed: int = 3, lengths: tuple[int, int] = (8, 64)) -> Path:
+    """perf_analyzer `--input-data` for the NLP demo model: real token ids, `lengths` (inclusive) of them per
+    request (perf_analyzer's own random INT64 data would hold ids outside the vocabulary)."""
     rng = np.random.default_rng(seed)
     entries = []
     for _ in range(count):
-        length = int(rng.integers(8, 65))
+        length = int(rng.integers(lengths[0], lengths[1] + 1))
         entries.append({"input_ids": {"content": rng.integers(1, VOCAB_SIZE, length).tolist(), "shape": [length]}})
     path.write_text(json.dumps({"data": entries}))
     return path
