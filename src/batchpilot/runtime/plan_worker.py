@@ -5,8 +5,8 @@ that long (measured: a 50 ms SLO broken by the plan alone); in a thread it would
 against the loop. A separate process at the lowest CPU priority (nice 19) runs on the CPU the serving
 threads leave idle, so a plan costs the requests next to nothing; its answer comes back to the loop.
 
-The process is started on the first plan (spawned: the server's torch threads are not forked) and
-started again if it dies. `BATCHPILOT_PLAN_WORKER=inline` solves plans on the loop instead.
+The server starts the process with its autotuned models (spawned: the server's torch threads are not
+forked); it is started again if it dies. `BATCHPILOT_PLAN_WORKER=inline` solves plans on the loop instead.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ class PlanWorker:
             loop.call_soon_threadsafe(done, job, solved)
 
         future.add_done_callback(answered)
+
+    def start(self) -> None:
+        """Start the process now (a server starts it with its models, not in the middle of traffic)."""
+        self._executor().submit(os.getpid)
 
     def close(self) -> None:
         if self._pool is not None:
