@@ -55,7 +55,8 @@ class PlanWorker:
             except Exception as exc:  # the worker died (killed, out of memory): start a new one next time
                 log.warning("plan worker failed: %s", exc)
                 self._pool, solved = None, None
-            loop.call_soon_threadsafe(done, job, solved)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the server stopped)
+                loop.call_soon_threadsafe(done, job, solved)
 
         future.add_done_callback(answered)
 
