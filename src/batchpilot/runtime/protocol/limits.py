@@ -30,11 +30,14 @@ import asyncio
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
 from batchpilot.runtime.protocol.one_send import OneSendTransport
+
+if TYPE_CHECKING:
+    from batchpilot.runtime.protocol.rest import RestFrontend
 
 log = logging.getLogger("batchpilot.limits")
 
@@ -88,18 +91,24 @@ _TIMEOUT_MESSAGES = {
 }
 
 
-def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused: Counter) -> type[asyncio.Protocol]:
+def bounded_http_protocol(
+    limits: ConnectionLimits, timed_out: Counter, refused: Counter, fast_lane: RestFrontend | None = None
+) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with the deadlines and caps of `limits`; timeouts are counted in
-    `timed_out`, refusals in `refused` (Counters with the label `reason`)."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    `timed_out`, refusals in `refused` (Counters with the label `reason`). With `fast_lane`, its inference
+    requests take the fast lane (`fast_lane.py`), under the same deadlines and caps."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from batchpilot.runtime.protocol.fast_lane import FastLaneProtocol
 
     max_connections = limits.resolved_max_connections()
     counters = {reason: timed_out.labels(reason=reason) for reason in TIMEOUT_REASONS}
     counters.update({reason: refused.labels(reason=reason) for reason in REFUSAL_REASONS})
 
-    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    class BoundedHttpToolsProtocol(FastLaneProtocol):
         """HttpToolsProtocol with header/body deadlines, a connection cap and a header size cap."""
 
+        frontend = fast_lane
         _deadline: asyncio.TimerHandle | None = None
         _deadline_reason = ""
         _header_bytes = 0
@@ -166,7 +175,7 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
             previous = self.cycle
             super().on_headers_complete()
             cycle = self.cycle
-            if cycle is not None and cycle is not previous:
+            if cycle is not previous and isinstance(cycle, RequestResponseCycle):  # not a fast-lane request
                 cycle.transport = OneSendTransport(self.transport, cycle)  # type: ignore[assignment]
 
         def on_message_complete(self) -> None:
@@ -200,11 +209,13 @@ def grpc_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
     ]
 
 
-def configure(config: Any, limits: ConnectionLimits, timed_out: Counter, refused: Counter) -> None:
-    """Apply `limits` to a uvicorn Config (before it is loaded)."""
+def configure(
+    config: Any, limits: ConnectionLimits, timed_out: Counter, refused: Counter, fast_lane: RestFrontend | None = None
+) -> None:
+    """Apply `limits` to a uvicorn Config (before it is loaded); `fast_lane`: see `bounded_http_protocol`."""
     config.timeout_keep_alive = limits.keep_alive_timeout_s
     try:
-        config.http = bounded_http_protocol(limits, timed_out, refused)
+        config.http = bounded_http_protocol(limits, timed_out, refused, fast_lane)
     except ImportError:  # no httptools: uvicorn's h11 protocol, with only its keep-alive timeout
-        log.warning("httptools is not installed: header/body timeouts and the connection cap are off")
+        log.warning("httptools is not installed: header/body timeouts, the connection cap and the fast lane are off")
         config.h11_max_incomplete_event_size = limits.max_header_bytes
