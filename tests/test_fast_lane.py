@@ -176,6 +176,11 @@ CASES: dict[str, tuple[bytes, int, bool]] = {
     "model fails": (post("/v2/models/textcls/infer", TOKENS.replace(b"[1, 2,", b"[99999, 2,")), 1, True),
     "v1 no instances": (post("/v1/models/textcls:predict", b'{"inputs": []}'), 1, True),
     "too large": (post("/v2/models/textcls/infer", b"x" * (MAX_BODY + 1)), 1, True),
+    "too large, connection close": (
+        post("/v2/models/textcls/infer", b"x" * (3 * MAX_BODY), "connection: close"),
+        1,
+        True,
+    ),
     "too large, past 4x": (post("/v2/models/textcls/infer", b"x" * (4 * MAX_BODY + 10)), 1, True),
     "chunked": (chunked("/v2/models/textcls/infer", [TOKENS[:10], TOKENS[10:]]), 1, True),
     "chunked, too large": (chunked("/v2/models/textcls/infer", [b"x" * 40000, b"x" * 40000]), 1, True),
@@ -206,7 +211,8 @@ async def test_the_fast_lane_answers_byte_for_byte_as_the_asgi_path(entries: lis
     assert statuses["v2 JSON"] == statuses["v1"] == statuses["chunked"] == statuses["HTTP/1.0"] == [200]
     assert statuses["unknown model"] == [404] and statuses["model fails"] == [422] and statuses["not JSON"] == [400]
     assert statuses["too large"] == statuses["too large, past 4x"] == statuses["chunked, too large"] == [413]
-    assert all(b"connection: close" in fast[label][0][0] for label in ("connection close", "HTTP/1.0"))
+    closing = ("connection close", "HTTP/1.0", "too large, connection close")
+    assert all(b"connection: close" in fast[label][0][0] and fast[label][1] for label in closing)
     assert fast["connection close"][1] and fast["HTTP/1.0"][1] and not fast["v2 JSON"][1]
     assert b"server: uvicorn" in fast["v2 JSON"][0][0]  # uvicorn's default headers, as on its own path
     taken = sum(n for data, n, on_fast_lane in CASES.values() if on_fast_lane)

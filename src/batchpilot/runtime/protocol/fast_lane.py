@@ -39,6 +39,7 @@ class FastRequest:
     __slots__ = (
         "body_complete",
         "chunks",
+        "close_after_body",
         "disconnected",
         "expect_100",
         "handler",
@@ -68,6 +69,7 @@ class FastRequest:
         self.response_started = False
         self.response_complete = False
         self.disconnected = False
+        self.close_after_body = False  # answered (413) before its body was read: close once it is
 
 
 def _declared_length(headers: Headers) -> int:
@@ -120,9 +122,11 @@ class FastLaneProtocol(HttpToolsProtocol):
         request = self.cycle
         if type(request) is not FastRequest:
             return super().on_body(body)
-        if request.response_complete:
-            return  # answered already (413): the rest of the body is read and dropped
         request.size += len(body)
+        if request.response_complete:  # answered already (413): the rest of the body is read and dropped
+            if request.close_after_body and request.size > 4 * self._max_body():
+                self.transport.close()  # as uvicorn's path: it stops reading past 4x the limit
+            return
         if request.size <= self._max_body():
             request.chunks.append(body)
             return
@@ -136,6 +140,8 @@ class FastLaneProtocol(HttpToolsProtocol):
         if type(request) is not FastRequest:
             return super().on_message_complete()
         if request.response_complete:
+            if request.close_after_body:
+                self.transport.close()
             return
         request.body_complete = True
         if request.started and not request.too_large:
@@ -178,8 +184,12 @@ class FastLaneProtocol(HttpToolsProtocol):
     def _refuse_too_large(self, request: FastRequest) -> None:
         frontend = self.frontend
         assert frontend is not None
-        if request.expect_100 and not request.body_complete:
-            request.keep_alive = False  # told before "100 Continue": the client may never send the body
+        if not request.body_complete:
+            if request.expect_100:
+                request.keep_alive = False  # told before "100 Continue": the client may never send the body
+            else:
+                # A client still sending would get a reset for its answer: the body is read first (up to 4x).
+                request.close_after_body = not request.keep_alive
         self._answer(request, frontend.error_response(frontend.too_large(), "POST", request.path, request.headers))
 
     def _run(self, request: FastRequest) -> None:
@@ -213,7 +223,7 @@ class FastLaneProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         self.transport.writelines((head, body))
-        if not request.keep_alive:
+        if not request.keep_alive and not request.close_after_body:
             self.transport.close()
         self.on_response_complete()
 
