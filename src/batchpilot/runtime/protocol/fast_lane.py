@@ -90,6 +90,22 @@ class FastLaneProtocol(HttpToolsProtocol):
     _head_cache: ClassVar[tuple[object, bytes]] = (None, b"")  # (uvicorn's default headers, their bytes)
 
     # -- parser callbacks -------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.frontend is None:
+            return super().on_message_begin()
+        # uvicorn's per-request state but its scope, which only its own lane needs (built in _uvicorn_lane)
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def _uvicorn_lane(self) -> None:
+        if self.frontend is not None:  # the scope on_message_begin left out, around this request's parts
+            url, headers, expect_100 = self.url, self.headers, self.expect_100_continue
+            super().on_message_begin()
+            self.url, self.headers, self.expect_100_continue = url, headers, expect_100
+            self.scope["headers"] = headers
+        super().on_headers_complete()
+
     def on_headers_complete(self) -> None:
         frontend = self.frontend
         parser = self.parser
@@ -99,14 +115,14 @@ class FastLaneProtocol(HttpToolsProtocol):
             or parser.should_upgrade()
             or self.limit_concurrency is not None
         ):
-            return super().on_headers_complete()
+            return self._uvicorn_lane()
         path = httptools.parse_url(self.url).path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
         path = self.root_path + path
         handler = frontend.inference_route("POST", path)
         if handler is None:
-            return super().on_headers_complete()
+            return self._uvicorn_lane()
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         too_large = _declared_length(self.headers) > frontend.max_body_bytes
         request = FastRequest(handler, path, self.headers, keep_alive, self.expect_100_continue, too_large)
