@@ -126,13 +126,18 @@ class BatchPilotServer(kserve.ModelServer):
         rest.create_application()
         from kserve.model_server import app as kserve_app
 
-        rest.config.app = RestFrontend(self.hub, kserve_app, max_body_bytes=self.options.max_body_bytes)
+        frontend = RestFrontend(self.hub, kserve_app, max_body_bytes=self.options.max_body_bytes)
+        rest.config.app = frontend
         rest.config.host = self.options.host
         logging.getLogger("uvicorn.access").disabled = True  # a log line per request costs ~20%
         rest.config.proxy_headers = False
         metrics = self.metrics
         connection_limits.configure(
-            rest.config, self.options.connection_limits, metrics.connections_timed_out, metrics.connections_refused
+            rest.config,
+            self.options.connection_limits,
+            metrics.connections_timed_out,
+            metrics.connections_refused,
+            fast_lane=frontend,
         )
         rest.create_application = lambda: None  # done above; serve() must not add routes twice
         # We own SIGTERM/SIGINT (drain first); uvicorn must not capture them.

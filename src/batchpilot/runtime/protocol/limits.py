@@ -30,11 +30,14 @@ import asyncio
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
 from batchpilot.runtime.protocol.one_send import OneSendTransport
+
+if TYPE_CHECKING:
+    from batchpilot.runtime.protocol.rest import RestFrontend
 
 log = logging.getLogger("batchpilot.limits")
 
@@ -88,20 +91,29 @@ _TIMEOUT_MESSAGES = {
 }
 
 
-def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused: Counter) -> type[asyncio.Protocol]:
+def bounded_http_protocol(
+    limits: ConnectionLimits, timed_out: Counter, refused: Counter, fast_lane: RestFrontend | None = None
+) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with the deadlines and caps of `limits`; timeouts are counted in
-    `timed_out`, refusals in `refused` (Counters with the label `reason`)."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    `timed_out`, refusals in `refused` (Counters with the label `reason`). With `fast_lane`, its inference
+    requests take the fast lane (`fast_lane.py`), under the same deadlines and caps."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from batchpilot.runtime.protocol.fast_lane import FastLaneProtocol
 
     max_connections = limits.resolved_max_connections()
     counters = {reason: timed_out.labels(reason=reason) for reason in TIMEOUT_REASONS}
     counters.update({reason: refused.labels(reason=reason) for reason in REFUSAL_REASONS})
 
-    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    class BoundedHttpToolsProtocol(FastLaneProtocol):
         """HttpToolsProtocol with header/body deadlines, a connection cap and a header size cap."""
 
-        _deadline: asyncio.TimerHandle | None = None
+        frontend = fast_lane
+        _deadline: asyncio.TimerHandle | None = None  # the armed timer: for this deadline, at this loop time
         _deadline_reason = ""
+        _deadline_at = 0.0
+        _wanted_reason = ""  # the deadline the parser callbacks ask for ("": none), armed by _settle
+        _wanted_at = 0.0
         _header_bytes = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -111,24 +123,41 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
                 transport.write(_response(b"503 Service Unavailable", "too many open connections, retry later"))
                 transport.close()
                 return
-            self._arm("header", limits.header_timeout_s)
+            self._want("header", limits.header_timeout_s)
+            self._settle()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._want("")
+            self._settle()
             super().connection_lost(exc)
 
-        def _arm(self, reason: str, seconds: float) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, self._expire, reason)
-            self._deadline_reason = reason
+        def data_received(self, data: bytes) -> None:
+            try:
+                super().data_received(data)
+            finally:
+                self._settle()
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
+        def _want(self, reason: str, seconds: float = 0.0) -> None:
+            """Ask for the deadline `reason` (or none: "") in `seconds`; `_settle` arms it once the read is parsed,
+            so a request whose headers and body come in one read arms and cancels no timer at all."""
+            self._wanted_reason = reason
+            self._wanted_at = self.loop.time() + seconds if reason else 0.0
+
+        def _settle(self) -> None:
+            reason, at = self._wanted_reason, self._wanted_at
+            deadline = self._deadline
+            if deadline is not None:
+                if reason == self._deadline_reason and at == self._deadline_at:
+                    return
+                deadline.cancel()
                 self._deadline = None
+            if reason:
+                self._deadline = self.loop.call_at(at, self._expire, reason)
+                self._deadline_reason, self._deadline_at = reason, at
 
         def _expire(self, reason: str) -> None:
             self._deadline = None
+            self._wanted_reason = ""
             if self.transport.is_closing():
                 return
             counters[reason].inc()
@@ -143,8 +172,8 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._header_bytes = 0
-            if self._deadline is None:  # a new connection's deadline runs from its opening
-                self._arm("header", limits.header_timeout_s)
+            if not self._wanted_reason:  # a new connection's deadline runs from its opening
+                self._want("header", limits.header_timeout_s)
 
         def on_url(self, url: bytes) -> None:
             self._count_header_bytes(len(url))
@@ -162,23 +191,22 @@ def bounded_http_protocol(limits: ConnectionLimits, timed_out: Counter, refused:
                 raise ValueError(f"request headers exceed {limits.max_header_bytes} bytes")
 
         def on_headers_complete(self) -> None:
-            self._arm("body", limits.body_timeout_s)
+            self._want("body", limits.body_timeout_s)
             previous = self.cycle
             super().on_headers_complete()
             cycle = self.cycle
-            if cycle is not None and cycle is not previous:
+            if cycle is not previous and isinstance(cycle, RequestResponseCycle):  # not a fast-lane request
                 cycle.transport = OneSendTransport(self.transport, cycle)  # type: ignore[assignment]
 
         def on_message_complete(self) -> None:
-            self._disarm()
+            self._want("")
             super().on_message_complete()
 
         def shutdown(self) -> None:
-            deadline = self._deadline
-            if deadline is not None and self._deadline_reason == "body":
-                remaining = deadline.when() - self.loop.time()
-                if remaining > SHUTDOWN_BODY_S:
-                    self._arm("body", SHUTDOWN_BODY_S)
+            armed = self._deadline is not None and self._deadline_reason == "body"
+            if armed and self._deadline_at - self.loop.time() > SHUTDOWN_BODY_S:
+                self._want("body", SHUTDOWN_BODY_S)
+                self._settle()
             super().shutdown()
 
         def timeout_keep_alive_handler(self) -> None:
@@ -200,11 +228,13 @@ def grpc_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
     ]
 
 
-def configure(config: Any, limits: ConnectionLimits, timed_out: Counter, refused: Counter) -> None:
-    """Apply `limits` to a uvicorn Config (before it is loaded)."""
+def configure(
+    config: Any, limits: ConnectionLimits, timed_out: Counter, refused: Counter, fast_lane: RestFrontend | None = None
+) -> None:
+    """Apply `limits` to a uvicorn Config (before it is loaded); `fast_lane`: see `bounded_http_protocol`."""
     config.timeout_keep_alive = limits.keep_alive_timeout_s
     try:
-        config.http = bounded_http_protocol(limits, timed_out, refused)
+        config.http = bounded_http_protocol(limits, timed_out, refused, fast_lane)
     except ImportError:  # no httptools: uvicorn's h11 protocol, with only its keep-alive timeout
-        log.warning("httptools is not installed: header/body timeouts and the connection cap are off")
+        log.warning("httptools is not installed: header/body timeouts, the connection cap and the fast lane are off")
         config.h11_max_incomplete_event_size = limits.max_header_bytes

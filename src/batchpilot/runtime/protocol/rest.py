@@ -19,16 +19,21 @@ from batchpilot.runtime.hub import ModelHub
 from batchpilot.runtime.protocol import v1_codec, v2_codec
 
 log = logging.getLogger("batchpilot.rest")
+_BINARY_HEADER = v2_codec.BINARY_HEADER.encode()
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]  # as in an ASGI scope: lower-case names
 Response = tuple[int, bytes, dict[str, str]]  # status, body, headers
-Handler = Callable[[Scope, Receive], Awaitable[Response]]
+Handler = Callable[[Headers, bytes], Awaitable[Response]]  # (request headers, request body) -> response
 
 
 class RestFrontend:
+    """The ASGI app (`__call__`), and the same handling without ASGI for `fast_lane.py`: `inference_route`
+    picks an inference handler from the request line, `respond` runs it on the body (errors included)."""
+
     def __init__(self, hub: ModelHub, fallback: ASGIApp, *, max_body_bytes: int) -> None:
         self.hub = hub
         self.fallback = fallback
@@ -37,52 +42,82 @@ class RestFrontend:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.fallback(scope, receive, send)
-        handler = self._route(scope["method"], scope["path"])
-        if handler is None:
-            return await self.fallback(scope, receive, send)
-        try:
-            status, body, headers = await handler(scope, receive)
-        except RequestError as exc:
-            status, headers = exc.status, {"content-type": "application/json", **exc.headers()}
-            body = orjson.dumps({"error": exc.message})
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug of ours: say so (one log line, traceback at DEBUG), keep serving
-            sent = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), None)
-            rid = request_id(sent)
-            message = report_unhandled(log, exc, f"{scope['method']} {scope['path']}", rid)
-            status, headers = 500, {"content-type": "application/json", "x-request-id": rid}
-            body = orjson.dumps({"error": message, "request_id": rid})
-        raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
+        method, path, headers = scope["method"], scope["path"], scope["headers"]
+        handler = self.inference_route(method, path)
+        if handler is not None:
+            try:
+                body = await self._body(receive)
+            except Exception as exc:
+                status, body, reply_headers = self.error_response(exc, method, path, headers)
+            else:
+                status, body, reply_headers = await self.respond(handler, method, path, headers, body)
+        else:
+            view = self._view_route(method, path)
+            if view is None:
+                return await self.fallback(scope, receive, send)
+            status, body, reply_headers = await self.respond(view, method, path, headers, b"")
+        raw_headers = [(k.encode(), v.encode()) for k, v in reply_headers.items()]
         raw_headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw_headers})
         await send({"type": "http.response.body", "body": body})
 
+    async def respond(self, handler: Handler, method: str, path: str, headers: Headers, body: bytes) -> Response:
+        """`handler`'s response to `body`; a failure is answered here (a RequestError with its status, a
+        bug with a 500 and a request id). Cancellation passes through."""
+        try:
+            return await handler(headers, body)
+        except Exception as exc:
+            return self.error_response(exc, method, path, headers)
+
+    def error_response(self, exc: Exception, method: str, path: str, headers: Headers) -> Response:
+        """The response to a failed request: a RequestError's status and message, or for anything else (a bug
+        of ours) a 500 with a request id, reported on one log line (traceback at DEBUG)."""
+        if isinstance(exc, RequestError):
+            body = orjson.dumps({"error": exc.message})
+            return exc.status, body, {"content-type": "application/json", **exc.headers()}
+        sent = next((v.decode("latin-1") for k, v in headers if k == b"x-request-id"), None)
+        rid = request_id(sent)
+        message = report_unhandled(log, exc, f"{method} {path}", rid)
+        body = orjson.dumps({"error": message, "request_id": rid})
+        return 500, body, {"content-type": "application/json", "x-request-id": rid}
+
+    def too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+
     # -- routing ----------------------------------------------------------------------------------------
-    def _route(self, method: str, path: str) -> Handler | None:
+    def inference_route(self, method: str, path: str) -> Handler | None:
+        """The handler of an inference request (POST /v2/models/{m}[/versions/{v}]/infer, POST
+        /v1/models/{m}:predict), None for any other request."""
+        if method != "POST":
+            return None
         parts = path.strip("/").split("/")
-        if method == "POST" and len(parts) == 3 and parts[0] == "v1" and parts[1] == "models":
+        if len(parts) == 3 and parts[0] == "v1" and parts[1] == "models":
             model, _, verb = parts[2].partition(":")
-            if verb == "predict":
-                return lambda scope, receive: self._v1_predict(model, scope, receive)
+            return (lambda headers, body: self._v1_predict(model, body)) if verb == "predict" else None
+        if len(parts) < 4 or parts[0] != "v2" or parts[1] != "models":
             return None
-        if not parts or parts[0] != "v2":
-            return self._ready if method == "GET" and path == "/batchpilot/ready" else None
-        if method == "GET" and len(parts) == 1:
-            return self._server_metadata
-        if method == "GET" and parts[1:] == ["health", "ready"]:
-            return self._ready
-        if len(parts) < 3 or parts[1] != "models":
-            return None
-        if method == "GET" and parts[2] == "stats" and len(parts) == 3:
-            return self._all_stats
         model, rest = parts[2], parts[3:]
         if len(rest) >= 2 and rest[0] == "versions":
             rest = rest[2:]  # one version per model: accept any version segment
-        if method == "POST" and rest == ["infer"]:
-            return lambda scope, receive: self._v2_infer(model, scope, receive)
+        return (lambda headers, body: self._v2_infer(model, headers, body)) if rest == ["infer"] else None
+
+    def _view_route(self, method: str, path: str) -> Handler | None:
         if method != "GET":
             return None
+        parts = path.strip("/").split("/")
+        if not parts or parts[0] != "v2":
+            return self._ready if path == "/batchpilot/ready" else None
+        if len(parts) == 1:
+            return self._server_metadata
+        if parts[1:] == ["health", "ready"]:
+            return self._ready
+        if len(parts) < 3 or parts[1] != "models":
+            return None
+        if parts[2] == "stats" and len(parts) == 3:
+            return self._all_stats
+        model, rest = parts[2], parts[3:]
+        if len(rest) >= 2 and rest[0] == "versions":
+            rest = rest[2:]
         views = {
             (): lambda: self.hub.model_metadata(model),
             ("ready",): lambda: self._model_ready(model),
@@ -91,7 +126,7 @@ class RestFrontend:
             ("batching",): lambda: self.hub.batching(model).to_json(),
         }
         view = views.get(tuple(rest))
-        return None if view is None else (lambda scope, receive: self._json(view()))
+        return None if view is None else (lambda headers, body: self._json(view()))
 
     # -- views --------------------------------------------------------------------------------------------
     async def _json(self, doc: Any, status: int = 200) -> Response:
@@ -106,19 +141,19 @@ class RestFrontend:
             doc["error"] = error
         return (200 if ready else 503), doc
 
-    async def _ready(self, scope: Scope, receive: Receive) -> Response:
+    async def _ready(self, headers: Headers, body: bytes) -> Response:
         return await self._json(
             (200 if self.hub.ready else 503, {"ready": self.hub.ready, "models": self.hub.readiness()})
         )
 
-    async def _server_metadata(self, scope: Scope, receive: Receive) -> Response:
+    async def _server_metadata(self, headers: Headers, body: bytes) -> Response:
         return await self._json(self.hub.server_metadata())
 
-    async def _all_stats(self, scope: Scope, receive: Receive) -> Response:
+    async def _all_stats(self, headers: Headers, body: bytes) -> Response:
         return await self._json({"model_stats": self.hub.triton_stats()})
 
     # -- inference ------------------------------------------------------------------------------------------
-    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+    async def _body(self, receive: Receive) -> bytes:
         """The request body, refused with 413 past the limit. A moderately oversized body is read to its
         end (and dropped) so the client gets the 413 instead of a reset connection."""
         chunks: list[bytes] = []
@@ -136,24 +171,22 @@ class RestFrontend:
             if not message.get("more_body", False):
                 break
         if size > self.max_body_bytes:
-            raise PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+            raise self.too_large()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _v2_infer(self, model: str, scope: Scope, receive: Receive) -> Response:
-        body = await self._body(scope, receive)
+    async def _v2_infer(self, model: str, headers: Headers, body: bytes) -> Response:
         header_length = None
-        for key, value in scope["headers"]:
-            if key == v2_codec.BINARY_HEADER.encode():
+        for key, value in headers:
+            if key == _BINARY_HEADER:
                 header_length = value.decode("latin-1")
         request = v2_codec.decode(body, header_length)
         spec, outputs = await self.hub.infer(
             model, request.inputs, outputs=request.outputs, priority=request.priority, timeout_us=request.timeout_us
         )
-        body, headers = v2_codec.encode(spec, request, outputs)
-        return 200, body, headers
+        reply, reply_headers = v2_codec.encode(spec, request, outputs)
+        return 200, reply, reply_headers
 
-    async def _v1_predict(self, model: str, scope: Scope, receive: Receive) -> Response:
-        body = await self._body(scope, receive)
+    async def _v1_predict(self, model: str, body: bytes) -> Response:
         spec = self.hub.spec(model)
         groups = v1_codec.decode(spec, body)
         results: list[Any]
