@@ -606,7 +606,12 @@ class Autotuner:
         if self._plan is None or self._workload is None:
             return None
         w = self._workload
-        here = next((c for c in self._plan.predictions if c.params == self._params), None)
+        # Matched on size and delay: a padding budget tried since the plan changes neither.
+        size_delay = (self._params.max_batch_size, self._params.max_queue_delay_s)
+        here = next(
+            (c for c in self._plan.predictions if (c.params.max_batch_size, c.params.max_queue_delay_s) == size_delay),
+            None,
+        )
         m = self._inc_meas if self._inc_meas is not None and self._inc_meas.params == self._params else None
         return {
             "load": "closed-loop" if w.closed else "open-loop",
