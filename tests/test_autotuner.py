@@ -371,7 +371,8 @@ def test_on_one_core_the_plan_charges_the_front_end_cpu() -> None:
     one, many = drive(1), drive(4)
     assert one["frontend_cpu_ms"] == pytest.approx(0.3, rel=0.05) and many["frontend_cpu_ms"] is None
     # The driver serves the same whatever the setting: compare with its rate (a closed loop's arrivals).
-    assert one["predicted_items_per_s"] == pytest.approx(one["arrival_rate"], rel=0.06)
+    # The one-core prediction is the worse of the measured front-end cost and 1.3x it: a floor, not above.
+    assert 0.9 * one["arrival_rate"] <= one["predicted_items_per_s"] <= 1.03 * one["arrival_rate"]
     assert many["predicted_items_per_s"] > 1.1 * many["arrival_rate"]
 
 
