@@ -1,4 +1,4 @@
-"""The plan worker: plans solved in a separate, lowest-priority process come back on the event loop."""
+"""The plan worker: plans solved in a separate, lower-priority process come back on the event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
 from batchpilot.runtime.batch_planner import candidate_grid
 from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
-from batchpilot.runtime.plan_worker import PlanWorker
+from batchpilot.runtime.plan_worker import WORKER_NICE, PlanWorker
 from batchpilot.testing.loadgen import run_load
 from batchpilot.testing.processes import get_json, serving
 from batchpilot.testing.requests import demo_requests
@@ -65,12 +65,12 @@ def test_a_plan_solved_in_the_worker_equals_the_inline_plan() -> None:
     assert [job for job, _ in answers] == jobs
     for job, solved in answers:
         assert solved is not None and solved == solve(job)
-    assert nice == min(19, os.nice(0) + 19)  # the worker runs at the lowest priority
+    assert nice == min(19, os.nice(0) + WORKER_NICE)  # the worker runs at a lower priority
 
 
 def test_a_served_model_is_planned_by_the_worker_process(demo_repository: Path, tmp_path: Path) -> None:
     """The real server under closed-loop load: the autotuner's plan is solved in the worker (a child of
-    the server at nice 19), its report reaches `/batching`, and every request is answered meanwhile."""
+    the server at a lower priority), its report reaches `/batching`, and every request is answered meanwhile."""
     log = tmp_path / "server.log"
     with serving(demo_repository, "--torch-threads", "1", log_path=log, log_level="INFO") as (http, _):
         requests = demo_requests("resnet-mini", f"127.0.0.1:{http}")
@@ -87,7 +87,7 @@ def test_a_served_model_is_planned_by_the_worker_process(demo_repository: Path, 
         assert plan["load"] in ("closed-loop", "open-loop") and plan["predicted_items_per_s"] > 0
         assert set(statuses) == {200}
         workers = _children_nice(_server_pid(http))
-    assert 19 in workers, workers
+    assert WORKER_NICE in workers, workers
     assert "plan worker" not in log.read_text()  # neither unavailable nor failed
 
 
