@@ -368,10 +368,11 @@ class Autotuner:
         if fit is not None and fit.one_size and not self._probed and m.arrival_rate > 0:
             self._probed = True
             n = self._incumbent.max_batch_size
-            # Below the batches seen when the limit does not bind (a closed loop of fewer clients than
-            # the limit fills every batch with all of them: halving the limit would change nothing).
-            smaller = min(n, m.largest_batch) // 2
-            probe = self._clip(replace(self._incumbent, max_batch_size=n * 2 if m.largest_batch >= n else smaller))
+            # Up only when more items than the limit were in the server at once (else larger batches cannot
+            # form: 16 clients under a limit of 16 keep filling batches of 16); otherwise below the batches
+            # seen (a closed loop of fewer clients than the limit fills every batch with all of them).
+            up = m.largest_batch >= n and m.peak_in_server > n
+            probe = self._clip(replace(self._incumbent, max_batch_size=n * 2 if up else min(n, m.largest_batch) // 2))
             if probe != self._incumbent:
                 return self._move(probe, "probe:size", now, self._figures(m))
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and self._trials < PLAN_TRIALS:
