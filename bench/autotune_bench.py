@@ -590,7 +590,7 @@ def open_capacity(
             )
         )
         found = search.rps is not None
-        rps = search.rps if found else min(p.rate for p in search.probes)
+        rps = search.rate
         cap = base | {
             "rps": rps,
             "basis": "open-loop search",

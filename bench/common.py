@@ -497,6 +497,11 @@ class CapacitySearch:
     def client_behind(self) -> bool:
         return any(p.lag_p99_ms > LAG_LIMIT_MS for p in self.probes)
 
+    @property
+    def rate(self) -> float:
+        """The capacity found, else the lowest rate tried (which failed)."""
+        return self.rps if self.rps is not None else min(p.rate for p in self.probes)
+
     def dump(self) -> dict[str, object]:
         return asdict(self) | {"client_behind": self.client_behind, "lag_limit_ms": LAG_LIMIT_MS}
 

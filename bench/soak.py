@@ -212,7 +212,7 @@ def open_capacity(repository: Path, tmp: Path, args: argparse.Namespace, slo_ms:
             )
         )
         found = search.rps is not None
-        rate = search.rps if search.rps is not None else min(p.rate for p in search.probes)
+        rate = search.rate
         how = (
             f"open loop, static {size} / {delay:g} ms: search of {len(search.probes)} probes ({search.seconds:.0f} s)"
             + ("" if found else ", NONE passed: the lowest rate tried")

@@ -397,8 +397,8 @@ class Autotuner:
         """Act on a plan's answer: a violation gives way to the plan's pick for good (or backs off);
         a search tries the pick, else a padding budget, else settles."""
         m = out.measurement
-        pick = self._pick(out, solved) if solved is not None else None
         w = out.workload if solved is None else replace(out.workload, think_s=solved.think_s)
+        pick = self._pick(out, solved, w) if solved is not None else None
         if out.violation:
             if pick is None:
                 return self._back_off(m, now)
@@ -453,11 +453,10 @@ class Autotuner:
             job = PlanJob("open", fit, **common, items=PLAN_ITEMS, arrival_rate=w.arrival_rate)
         return _Outstanding(job, fit, w, m, self._incumbent, violation)
 
-    def _pick(self, out: _Outstanding, solved: Solved) -> CandidatePrediction | None:
-        """The plan's best setting for this load, if it promises more than the incumbent (or, the
-        incumbent predicted to break the SLO, meets it)."""
+    def _pick(self, out: _Outstanding, solved: Solved, w: Workload) -> CandidatePrediction | None:
+        """The plan's best setting for the load `w` (as the plan assumed it), if it promises more than the
+        incumbent (or, the incumbent predicted to break the SLO, meets it)."""
         p, fit, m, slo = solved.plan, out.fit, out.measurement, self._slo_s * TRIAL_MARGIN
-        w = replace(out.workload, think_s=solved.think_s)
         waste = self._incumbent.max_padding_waste  # the grid plans size and delay; the budget stays
         same_budget = (replace(c, params=replace(c.params, max_padding_waste=waste)) for c in p.predictions)
         p = replace(p, predictions=tuple(same_budget))
