@@ -690,6 +690,32 @@ def steps_capacity(
         )
 
 
+def closed_step_targets(
+    solo: Path, spec: ModelSpec, slo: float, cfg: Config, results: dict[str, Any], levels: list[int]
+) -> dict[int, tuple[float | None, str]]:
+    """Each closed-loop step's target: the levels oracle's setting at that many clients, served statically and
+    driven by the steps' own client (the asyncio one, which costs more per request than wrk): req/s over
+    `cfg.static_s * 3` seconds after the warm-up. Without a levels result, no target."""
+    targets: dict[int, tuple[float | None, str]] = {}
+    for c in sorted(set(levels)):
+        wrk_rps, best = level_oracle_rps(results, spec.name, c, slo, cfg)
+        if best is None:
+            targets[c] = (None, "none (no levels result at this level)")
+            continue
+        n, d = int(best[0]), int(best[1])
+        seconds = 3.0 * cfg.static_s
+        with server(solo, env=specs_env(spec_doc(spec, static=(n, d)))) as port:
+            requests = client_requests(spec.name, cfg.client_encoding, port)
+            t = asyncio.run(closed_loop_timeline(HOST, port, requests, [(float(cfg.static_warm_s), c), (seconds, c)]))
+        row = measured(t, t.steps[-1][0], t.end_s, slo)
+        targets[c] = (
+            row["rps"],
+            f"oracle {n} / {d} ms, same client; wrk {wrk_rps:.0f}" if wrk_rps else f"oracle {n} / {d} ms, same client",
+        )
+        print(f"  {spec.name}: static {n} / {d} ms at {c} clients (asyncio): {row['rps']:.0f} req/s", flush=True)
+    return targets
+
+
 def steps_phase(
     repo: Path,
     work: Path,
@@ -708,6 +734,7 @@ def steps_phase(
     if cap:
         r = cfg.step_rate * cap["rps"]
         kinds.append(("open", [(cfg.step_s, r), (cfg.step_s, 3 * r), (cfg.step_s, r)]))
+    targets = closed_step_targets(solo, spec, slo, cfg, results, cfg.step_clients)
     for kind, schedule in kinds:
         log = logs / f"steps-{model}-{kind}.log"
         with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
@@ -723,18 +750,14 @@ def steps_phase(
         ends = [s for s, _ in t.steps[1:]] + [t.end_s]
         steps = []
         for (start, level), end in zip(t.steps, ends, strict=True):
-            target, source = (
-                (level, "offered rate")
-                if kind == "open"
-                else (level_oracle_rps(results, model, int(level), slo, cfg)[0], f"oracle at {int(level)} conns")
-            )
+            target, source = (level, "offered rate") if kind == "open" else targets[int(level)]
             steps.append(
                 {
                     "start_s": start,
                     "end_s": end,
                     "level": level,
                     "target_rps": target,
-                    "target_source": source if target else "none (no levels result at this level)",
+                    "target_source": source,
                     "windows": [asdict(w) for w in t.windows(1.0, start, end)],
                     "errors_by_status": {str(k): v for k, v in t.statuses(start, end).items() if k != 200},
                 }
@@ -1156,8 +1179,9 @@ def steps_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "## 4. Load steps (autotuned, one fresh server per schedule)",
         f"Closed loop {' -> '.join(map(str, cfg['step_clients']))} clients and open loop r -> 3r -> r with r = "
         f"{cfg['step_rate']:g} x the open-loop capacity ({steps_caps(st)}), {cfg['step_s']:g} s per step; asyncio client "
-        f"({cfg['client_encoding']} bodies). Target = the levels oracle at that many connections (closed; measured "
-        "with wrk, whose client costs less than the asyncio one) or the offered rate (open). Time to target = end "
+        f"({cfg['client_encoding']} bodies). Target = the levels oracle's setting at that many connections served "
+        "statically and driven by the same asyncio client (closed; wrk's figure beside it: wrk costs less per "
+        "request) or the offered rate (open). Time to target = end "
         "of the first 1-s window of the first 3 in a row with p99 <= SLO and >= 95% of the target (open loop: of "
         "that window's own arrivals, which Poisson noise moves by several %), from the step's start. SLO "
         f"attainment and req/s over the windows after the step's first {cfg['skip_s']:g} s. Changes/min = "

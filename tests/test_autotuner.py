@@ -345,35 +345,61 @@ def test_batching_report_shows_the_prediction_beside_the_measurement() -> None:
     assert planned and all("predicted_items_per_s" in d.detail for d in planned)
 
 
-def test_on_one_core_the_plan_charges_the_front_end_cpu() -> None:
-    """A saturated closed loop on one core: the executor spends 0.4 ms/item + 1.2 ms of CPU per batch,
-    the front-ends 0.3 ms per item more, half of it while the batch runs (stretching its wall time),
-    half between batches. With that CPU in its one-core model, the plan predicts what is measured;
-    without (several cores), from the batches' wall time alone, it overestimates the throughput."""
-
-    def drive(cores: int) -> dict:
-        tuner = Autotuner(spec(100), TuningParams(16, 0.0), cores=cores)
-        t, cpu = 0.0, 0.0
-        for i in range(400):  # batches of 16 and 8 alternate (a fit over two sizes), back to back
-            n = 16 if i % 2 else 8
-            d_cpu = 0.4e-3 * n + 1.2e-3
-            tuner.record_arrival(n, t)
-            tuner.record_batch(n, d_cpu + 0.15e-3 * n, t + d_cpu + 0.15e-3 * n, cpu_s=d_cpu)
-            t += d_cpu + 0.3e-3 * n
-            cpu += d_cpu + 0.3e-3 * n
-            for _ in range(n):
-                tuner.record_request(0.030, 0.020, t)
-            if i % 20 == 0:
+def drive_one_core(cores: int, background: float = 0.0, ledger: bool = True) -> dict:
+    """A saturated closed loop: the executor spends 0.4 ms/item + 1.2 ms of CPU per batch, the front-ends
+    0.3 ms per item more, half of it while the batch runs (stretching its wall time), half between batches.
+    Another model in the process takes `background` of the core (3/4 its executor, 1/4 its items' front-end
+    work at the same 0.3 ms per item), which stretches everything this model does by 1 / (1 - background).
+    `ledger`: the other model's executor CPU and items are reported apart (else only the process's clock).
+    Returns the tuner's plan report."""
+    tuner = Autotuner(spec(100), TuningParams(16, 0.0), cores=cores)
+    t, cpu, others_exec, others_items = 0.0, 0.0, 0.0, 0.0
+    stretch = 1.0 / (1.0 - background)
+    for i in range(400):  # batches of 16 and 8 alternate (a fit over two sizes), back to back
+        n = 16 if i % 2 else 8
+        d_cpu = 0.4e-3 * n + 1.2e-3
+        wall = (d_cpu + 0.3e-3 * n) * stretch
+        tuner.record_arrival(n, t)
+        tuner.record_batch(n, (d_cpu + 0.15e-3 * n) * stretch, t + (d_cpu + 0.15e-3 * n) * stretch, cpu_s=d_cpu)
+        t += wall
+        others_exec += 0.75 * background * wall
+        others_items += 0.25 * background * wall / 0.3e-3
+        cpu += d_cpu + 0.3e-3 * n + background * wall
+        for _ in range(n):
+            tuner.record_request(0.030, 0.020, t)
+        if i % 20 == 0:
+            if ledger:
+                tuner.record_cpu(cpu, t, others_exec_s=others_exec, others_items=int(others_items))
+            else:
                 tuner.record_cpu(cpu, t)
-                tuner.step(t)
-        return tuner.snapshot(t)["plan"]
+            tuner.step(t)
+    return tuner.snapshot(t)["plan"]
 
-    one, many = drive(1), drive(4)
+
+def test_on_one_core_the_plan_charges_the_front_end_cpu() -> None:
+    """With the front-end CPU in its one-core model, the plan predicts what is measured; without (several
+    cores), from the batches' wall time alone, it overestimates the throughput."""
+    one, many = drive_one_core(1), drive_one_core(4)
     assert one["frontend_cpu_ms"] == pytest.approx(0.3, rel=0.05) and many["frontend_cpu_ms"] is None
+    assert one["background_cpu"] == pytest.approx(0.0, abs=0.01) and many["background_cpu"] is None
     # The driver serves the same whatever the setting: compare with its rate (a closed loop's arrivals).
     # The one-core prediction is the worse of the measured front-end cost and 1.3x it: a floor, not above.
     assert 0.9 * one["arrival_rate"] <= one["predicted_items_per_s"] <= 1.03 * one["arrival_rate"]
     assert many["predicted_items_per_s"] > 1.1 * many["arrival_rate"]
+
+
+def test_another_models_cpu_is_a_share_of_the_core_not_this_ones_front_end_cost() -> None:
+    """Two models on one core: the other's executor and requests take 40% of it. Read apart (the ledger),
+    this model's front-end cost stays its own 0.3 ms per item and the other's share stretches its work:
+    the plan predicts what is measured. Charged per item as front-end work (the process clock alone), the
+    other's CPU reads as 0.5 ms more per item of this model, and the plan underestimates what is served."""
+    shared = drive_one_core(1, background=0.4)
+    assert shared["frontend_cpu_ms"] == pytest.approx(0.3, rel=0.05)
+    assert shared["background_cpu"] == pytest.approx(0.4, abs=0.02)
+    assert 0.9 * shared["arrival_rate"] <= shared["predicted_items_per_s"] <= 1.03 * shared["arrival_rate"]
+    blind = drive_one_core(1, background=0.4, ledger=False)
+    assert blind["frontend_cpu_ms"] > 2.5 * shared["frontend_cpu_ms"] and blind["background_cpu"] == 0.0
+    assert blind["predicted_items_per_s"] < 0.85 * blind["arrival_rate"]
 
 
 def test_a_violation_is_answered_by_a_re_plan_not_a_backoff() -> None:

@@ -87,6 +87,17 @@ def delay_ladder(lo_s: float, hi_s: float) -> list[float]:
     return steps
 
 
+@dataclass(frozen=True)
+class CpuReading:
+    """The process's CPU clock (all threads) read `at` a time, with what the other models sharing the process
+    had spent by then: their executors' CPU seconds and the items they executed (cumulative; 0 alone)."""
+
+    at: float
+    process_s: float
+    others_exec_s: float = 0.0
+    others_items: int = 0
+
+
 @dataclass
 class Epoch:
     """What the batcher reported while one setting was in force. Latencies count for requests
@@ -109,10 +120,10 @@ class Epoch:
     batches: int = 0
     full_batches: int = 0  # batches that reached the size limit
     in_server_seen: list[int] = field(default_factory=list)  # items in the server at each arrival, its own too
-    # CPU: the process's CPU clock at the first reading after `settled_at` and at the latest, and what this
-    # model's executor spent in between on how many items (the rest went to front-ends and other models).
-    cpu_start: float | None = None
-    cpu_last: float | None = None
+    # CPU: the readings at the first step after `settled_at` and at the latest, and what this model's
+    # executor spent in between on how many items (the rest went to front-ends and other models).
+    cpu_start: CpuReading | None = None
+    cpu_last: CpuReading | None = None
     exec_cpu_s: float = 0.0
     items_since_cpu: int = 0
 
@@ -123,13 +134,13 @@ class Epoch:
             self.accompanied += n_items if in_server > 0 else 0
             self.in_server_seen.append(in_server + n_items)
 
-    def add_cpu(self, process_cpu_s: float, now: float) -> None:
-        if now < self.settled_at:
+    def add_cpu(self, reading: CpuReading) -> None:
+        if reading.at < self.settled_at:
             return
         if self.cpu_start is None:
-            self.cpu_start = process_cpu_s
+            self.cpu_start = reading
         else:
-            self.cpu_last = process_cpu_s
+            self.cpu_last = reading
 
     def add_batch(self, size: int, compute_s: float, now: float, cpu_s: float | None = None) -> None:
         if self.cpu_start is not None:
@@ -163,6 +174,7 @@ class Epoch:
 
     def measure(self, now: float) -> Measurement:
         duration = max(now - self.settled_at, 1e-9)
+        frontend, background = self._cpu_shares()
         lat = np.asarray(self.latencies)
         return Measurement(
             params=self.params,
@@ -181,14 +193,26 @@ class Epoch:
             # The 98th percentile, not the maximum: clients that reconnect leave their abandoned requests
             # in the server for a moment, and one such moment must not double the population.
             peak_in_server=int(np.percentile(self.in_server_seen, 98)) if self.in_server_seen else 0,
-            frontend_cpu_s=self._frontend_cpu(),
+            frontend_cpu_s=frontend,
+            background_cpu=background,
         )
 
-    def _frontend_cpu(self) -> float | None:
-        """Process CPU seconds per item beyond this model's executor (None before two readings)."""
-        if self.cpu_start is None or self.cpu_last is None or self.items_since_cpu == 0:
-            return None
-        return max(0.0, self.cpu_last - self.cpu_start - self.exec_cpu_s) / self.items_since_cpu
+    def _cpu_shares(self) -> tuple[float | None, float]:
+        """The front-end CPU per item and the core's share that other models took (`Measurement`'s
+        `frontend_cpu_s` and `background_cpu`; none before two readings). The process's CPU beyond every
+        executor is front-end work, spread evenly over every model's items; another model's share is its
+        executor's CPU plus the front-end work of its items."""
+        start, last = self.cpu_start, self.cpu_last
+        if start is None or last is None or last.at <= start.at:
+            return None, 0.0
+        others_exec = last.others_exec_s - start.others_exec_s
+        others_items = last.others_items - start.others_items
+        items = self.items_since_cpu + others_items
+        if items <= 0:
+            return None, 0.0
+        frontend = max(0.0, last.process_s - start.process_s - self.exec_cpu_s - others_exec) / items
+        background = (others_exec + frontend * others_items) / (last.at - start.at)
+        return frontend, min(max(background, 0.0), 1.0)
 
 
 @dataclass(frozen=True)
@@ -207,4 +231,5 @@ class Measurement:
     largest_batch: int
     full_share: float = 0.0  # share of batches that reached the size limit
     peak_in_server: int = 0
-    frontend_cpu_s: float | None = None  # process CPU per item beyond this model's executor
+    frontend_cpu_s: float | None = None  # process CPU per item beyond the executors (every model's items)
+    background_cpu: float = 0.0  # share of the process's core(s) other models took (their executors and items)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from batchpilot.runtime.autotune_model import (
+    CpuReading,
     Epoch,
     LatencyFit,
     Measurement,
@@ -77,6 +78,7 @@ PADDING_GAIN = 0.05  # a padding budget must promise this much less executor tim
 LENGTHS_KEPT = 2048  # recent sequence lengths the padding plan draws from
 TOKEN_BATCHES = 256  # recent single-execution batches behind the per-token cost fit
 MAX_CLIENTS = 512  # a closed loop of more clients is planned as an open one
+MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ class Autotuner:
         self._plan: Plan | None = None
         self._workload: Workload | None = None
         self._charged: float | None = None  # front-end CPU per item the last plan charged (one core)
+        self._background = 0.0  # share of the core other models took when the last plan was made (one core)
         self._pending: Decision | None = None
         self._epoch: Epoch | None = None
         self._in_server = 0  # items arrived and not yet executed
@@ -186,9 +189,12 @@ class Autotuner:
         self._epoch_at(now).add_request(latency_s, queue_wait_s, now)
         self._answers.append((now, latency_s))
 
-    def record_cpu(self, process_cpu_s: float, now: float) -> None:
-        """The process's CPU clock (all threads) read now: what front-ends and other models cost."""
-        self._epoch_at(now).add_cpu(process_cpu_s, now)
+    def record_cpu(
+        self, process_cpu_s: float, now: float, *, others_exec_s: float = 0.0, others_items: int = 0
+    ) -> None:
+        """The process's CPU clock (all threads) read now: what front-ends and other models cost. With other
+        models in the process, what their executors had spent by now (CPU seconds, items; cumulative)."""
+        self._epoch_at(now).add_cpu(CpuReading(now, process_cpu_s, others_exec_s, others_items))
 
     def record_drop(self, n_items: int, now: float) -> None:
         """Admitted items left without being executed (queue timeout, cancel, failed batch)."""
@@ -430,7 +436,8 @@ class Autotuner:
             w = replace(w, closed=False)
         items = max(PLAN_ITEMS, 4 * w.clients)
         one_core = self._one_core(m)
-        self._charged = one_core[1] if one_core else None
+        self._charged = m.frontend_cpu_s if one_core else None
+        self._background = m.background_cpu if one_core else 0.0
         common: dict[str, Any] = {"grid": tuple(grid), "slo_s": slo, "service_sigma": sigma}
         if w.closed and one_core is not None:
             cpu_fit, f = one_core
@@ -531,13 +538,15 @@ class Autotuner:
 
     def _one_core(self, m: Measurement) -> tuple[LatencyFit, float] | None:
         """On one core the executor and the front-ends take turns (`one_core_planner`): the executor's
-        CPU fit d(n) and the front-end CPU per item (other models' share included, per item of this one);
-        None on several cores or before both are measured."""
+        CPU fit d(n) and the front-end CPU per item, both stretched by the share of the core other models
+        took (they run beside this one's work, time-sliced: this model has the rest of the core); None on
+        several cores or before both are measured."""
         f = m.frontend_cpu_s
         cpu_fit = self._fit(cpu=True)
         if self._cores != 1 or f is None or cpu_fit is None or cpu_fit.one_size:
             return None
-        return cpu_fit, f
+        stretch = 1.0 / (1.0 - min(m.background_cpu, MAX_BACKGROUND))
+        return LatencyFit(cpu_fit.a_s * stretch, cpu_fit.b_s * stretch), f * stretch
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
@@ -624,6 +633,7 @@ class Autotuner:
             "clients": w.clients if w.closed else None,
             "think_ms": round(w.think_s * 1e3, 3) if w.closed else None,
             "frontend_cpu_ms": _ms(self._charged) if self._charged is not None else None,
+            "background_cpu": round(self._background, 3) if self._charged is not None else None,
             "feasible": self._plan.feasible,
             "predicted_items_per_s": round(here.items_per_s, 2) if here else None,
             "predicted_p99_ms": _ms(here.p99_s) if here else None,

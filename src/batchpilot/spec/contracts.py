@@ -51,7 +51,8 @@ class PlanState(_Wire):
     arrival_rate: float
     clients: int | None = None  # closed loop: the population
     think_ms: float | None = None  # closed loop: a client's time outside the server per round trip
-    frontend_cpu_ms: float | None = None  # one core: CPU per item beyond this model's executor, charged
+    frontend_cpu_ms: float | None = None  # one core: front-end CPU per item (beyond every executor), charged
+    background_cpu: float | None = None  # one core: share of the core other models took, left out of this one's
     feasible: bool
     predicted_items_per_s: float | None = None
     predicted_p99_ms: float | None = None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
+from batchpilot.runtime.batching.cpu_ledger import CpuLedger, shared_ledger
 from batchpilot.runtime.batching.executor import BatchTimings
 from batchpilot.runtime.batching.observers import BatchObserver, Finished
 from batchpilot.runtime.batching.request import Pending
@@ -31,9 +32,14 @@ class StaticTuner(BatchObserver):
 
     adaptive = False
 
-    def __init__(self, spec: ModelSpec, params: TuningParams) -> None:
+    def __init__(self, spec: ModelSpec, params: TuningParams, ledger: CpuLedger | None = None) -> None:
         self.spec = spec
         self.params = params
+        self.cpu = (ledger or CpuLedger()).account()  # this model's executor CPU among the process's models
+
+    def batch_done(self, timings: BatchTimings) -> None:
+        for (size, *_), cpu_s in zip(timings.executions, timings.cpu_s, strict=True):
+            self.cpu.add(cpu_s, size)
 
     def lower_ceiling(self, ceiling: int) -> TuningParams:
         """Never form a batch larger than `ceiling` again; the parameters now in force."""
@@ -65,8 +71,9 @@ class AutoTuner(StaticTuner):
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.process_time,
         worker: PlanWorker | None = None,
+        ledger: CpuLedger | None = None,
     ) -> None:
-        super().__init__(spec, params)
+        super().__init__(spec, params, ledger)
         self.clock = clock
         self.cpu_clock = cpu_clock  # the whole process's CPU time: front-ends and every model's executor
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
@@ -79,6 +86,7 @@ class AutoTuner(StaticTuner):
         self.autotuner.record_arrival(request.n, self.clock(), length=request.length)
 
     def batch_done(self, timings: BatchTimings) -> None:
+        super().batch_done(timings)
         now = self.clock()
         # The batch's computed tokens belong to one execution only when it ran in one piece.
         tokens = timings.tokens_computed if len(timings.executions) == 1 else 0
@@ -108,7 +116,8 @@ class AutoTuner(StaticTuner):
 
     def step(self) -> Decision | None:
         now = self.clock()
-        self.autotuner.record_cpu(self.cpu_clock(), now)
+        others_exec_s, others_items = self.cpu.others()
+        self.autotuner.record_cpu(self.cpu_clock(), now, others_exec_s=others_exec_s, others_items=others_items)
         decision = self.autotuner.step(now)
         self._hand_out_plan(now)
         if decision is not None:
@@ -169,12 +178,17 @@ def make_tuner(spec: ModelSpec, batching: bool) -> StaticTuner:
     """The autotuner when batching is on and the spec enables it; fixed parameters otherwise."""
     b = spec.batching
     if not batching:
-        return StaticTuner(spec, TuningParams(1, 0.0))
+        return StaticTuner(spec, TuningParams(1, 0.0), shared_ledger())
     static = TuningParams(b.max_batch_size, b.max_queue_delay_microseconds / 1e6)
     if not spec.autotune.enabled:
-        return StaticTuner(spec, static)
+        return StaticTuner(spec, static, shared_ledger())
     waste = spec.sequence.max_padding_waste if spec.type == "nlp" else None  # the length grouping's budget
-    return AutoTuner(spec, TuningParams(static.max_batch_size, static.max_queue_delay_s, waste), worker=shared_worker())
+    return AutoTuner(
+        spec,
+        TuningParams(static.max_batch_size, static.max_queue_delay_s, waste),
+        worker=shared_worker(),
+        ledger=shared_ledger(),
+    )
 
 
 def _clamp(params: TuningParams, spec: ModelSpec) -> TuningParams:
