@@ -78,6 +78,7 @@ PADDING_GAIN = 0.05  # a padding budget must promise this much less executor tim
 LENGTHS_KEPT = 2048  # recent sequence lengths the padding plan draws from
 TOKEN_BATCHES = 256  # recent single-execution batches behind the per-token cost fit
 MAX_CLIENTS = 512  # a closed loop of more clients is planned as an open one
+SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 
 
@@ -121,6 +122,7 @@ class Autotuner:
         self._inline = inline_plans
         self._outstanding: _Outstanding | None = None
         self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
+        self._strike: TuningParams | None = None  # kept once through an SLO break the plan could not better
         self._cores = cores
         self._lo_n: int = b.min_batch_size
         self._ceiling: int = b.max_batch_size
@@ -252,6 +254,8 @@ class Autotuner:
         if self._outstanding is not None or not self._epoch_done(epoch, now):
             return None  # (a plan asked for: its answer decides)
         m = epoch.measure(now)
+        if m.p99_s <= self._slo_s:
+            self._strike = None
         if self._params != self._incumbent:  # a trial ends
             if not self._confirms(m, self._inc_meas):
                 self._rejected.add(self._params)
@@ -327,6 +331,10 @@ class Autotuner:
             self._replanned = self._epoch
             return self._request_plan(fit, read_workload(m), m, now, violation=True)
         return self._back_off(m, now)
+
+    def _severe(self, m: Measurement, w: Workload) -> bool:
+        """An SLO break past measuring again: a tail over SEVERE x the SLO, or an open loop's queue growing."""
+        return m.p99_s > SEVERE * self._slo_s or (not w.closed and m.arrival_rate > 1.05 * m.items_per_s)
 
     def _back_off(self, m: Measurement, now: float) -> Decision | None:
         """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff`."""
@@ -406,6 +414,12 @@ class Autotuner:
         w = out.workload if solved is None else replace(out.workload, think_s=solved.think_s)
         pick = self._pick(out, solved, w) if solved is not None else None
         if out.violation:
+            if pick is None and self._strike != self._incumbent and not self._severe(m, w):
+                # Nothing predicted to do better: a first break (a stall, another process's burst) is
+                # measured again rather than answered by the fixed backoff, which undoes a good setting.
+                self._strike = self._incumbent
+                self._new_epoch(now, settle=SETTLE_S[1], fresh=True)
+                return Decision(self._params, "slo-violation", {**self._figures(m), "knob": "kept"}, changed=False)
             if pick is None:
                 return self._back_off(m, now)
             broken = self._incumbent
@@ -654,11 +668,13 @@ class Autotuner:
             while q and q[0][0] < horizon:
                 q.popleft()
 
-    def _recent_batches(self, cpu: bool = False, raw: bool = False) -> np.ndarray:
-        """(size, seconds) rows, wall or CPU time: per size, the median of its latest batches seen recently,
-        once per batch. Keeping sizes apart keeps a fit over several sizes when one size has run alone
-        for a while (a full batch every time); the median keeps out a slow first call or a preemption."""
-        horizon = self._last_batch_at - FIT_MEMORY_S
+    def _recent_batches(self, cpu: bool = False, raw: bool = False, horizon: float | None = None) -> np.ndarray:
+        """(size, seconds) rows, wall or CPU time: per size, the median of its latest batches seen recently
+        (since `horizon`; by default FIT_MEMORY_S before the latest batch), once per batch. Keeping sizes
+        apart keeps a fit over several sizes when one size has run alone for a while (a full batch every
+        time); the median keeps out a slow first call or a preemption."""
+        if horizon is None:
+            horizon = self._last_batch_at - FIT_MEMORY_S
         rows = []
         for n, q in self._batches.items():
             times = [c if cpu else d for t, d, c in q if t >= horizon]
@@ -667,8 +683,21 @@ class Autotuner:
         return np.asarray(rows, dtype=float).reshape(-1, 2)
 
     def _fit(self, cpu: bool = False) -> LatencyFit | None:
+        """d(n) over the recent batches. When they are all of one size (a settled tuner's), the shape of
+        d(n) comes from every size kept, however old, and its level from the recent size: the fit through
+        all of them is scaled to pass through that size's recent median."""
         arr = self._recent_batches(cpu)
-        return fit_batch_latency(arr[:, 0], arr[:, 1]) if len(arr) else None
+        if not len(arr):
+            return None
+        fit = fit_batch_latency(arr[:, 0], arr[:, 1])
+        if fit is None or not fit.one_size:
+            return fit
+        kept = self._recent_batches(cpu, horizon=-math.inf)
+        shape = fit_batch_latency(kept[:, 0], kept[:, 1])
+        if shape is None or shape.one_size or shape(arr[0, 0]) <= 0:
+            return fit
+        scale = float(np.median(arr[:, 1])) / shape(arr[0, 0])
+        return LatencyFit(shape.a_s * scale, shape.b_s * scale)
 
     def _clip(self, p: TuningParams) -> TuningParams:
         n = min(max(int(p.max_batch_size), self._lo_n), self._ceiling)
@@ -707,11 +736,12 @@ class Autotuner:
         assert self._epoch is not None
         return self._epoch
 
-    def _new_epoch(self, now: float, settle: float | None = None) -> None:
+    def _new_epoch(self, now: float, settle: float | None = None, fresh: bool = False) -> None:
+        """Measure from now (`fresh`: latencies too count only from the settling's end, not since now)."""
         if settle is None:
             recent = self._inc_meas.p99_s if self._inc_meas and math.isfinite(self._inc_meas.p99_s) else 0.0
             settle = min(max(3 * recent, SETTLE_S[0]), SETTLE_S[1])
-        self._epoch = Epoch(self._params, now, now + settle, self._slo_s)
+        self._epoch = Epoch(self._params, now + settle if fresh else now, now + settle, self._slo_s)
         self._epoch_count += 1
         if self._first_seen is None:
             self._first_seen = now

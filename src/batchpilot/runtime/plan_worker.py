@@ -26,6 +26,8 @@ log = logging.getLogger("batchpilot.tuning")
 
 #: A plan not answered within this long is given up (the tuner goes on as if it had found nothing).
 PLAN_TIMEOUT_S = 20.0
+#: The worker's start (spawn and imports) waited for before the server is ready.
+STARTUP_TIMEOUT_S = 30.0
 
 
 #: The worker's nice value. At 19 (the lowest priority) a saturated one-core server left it so little CPU
@@ -67,9 +69,14 @@ class PlanWorker:
 
         future.add_done_callback(answered)
 
-    def start(self) -> None:
-        """Start the process now (a server starts it with its models, not in the middle of traffic)."""
-        self._executor().submit(os.getpid)
+    async def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        """Start the process and wait until it answers (a server starts it before it is ready, so that the
+        spawn and its imports, about a second of CPU, do not compete with the first requests)."""
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self._executor().submit(os.getpid)), timeout_s)
+        except (TimeoutError, concurrent.futures.BrokenExecutor, OSError) as exc:
+            log.warning("plan worker not up (%s): it is started again with the first plan", exc)
+            self.close()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -166,7 +166,7 @@ class BatchPilotServer(kserve.ModelServer):
                 hosted.batcher.start()
         tuned = any(m.batcher is not None and m.batcher.tuner.adaptive for m in self.hub.models.values())
         if tuned and (worker := shared_worker()) is not None:
-            worker.start()
+            await worker.start()
         self._grpc = await self._start_grpc()
         self._rest = self._make_rest()
         for sig in (signal.SIGTERM, signal.SIGINT):
