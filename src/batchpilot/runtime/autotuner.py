@@ -19,9 +19,12 @@ No trial starts while an open-loop queue holds more than the SLO's worth of work
 Before a fit over several batch sizes exists, one probe (size x2 or /2) supplies one.
 A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is
 abandoned; the incumbent is re-planned with its measured tail (which scales every predicted one) and
-gives way to the plan's pick; only without a fit over several sizes, or with nothing predicted to do
-better, does it back off multiplicatively (the delay drops to its minimum, else the batch size doubles
-when the executor is the bottleneck or halves when the batches are).
+gives way to the plan's pick. With nothing predicted to do better, a first break is measured again from
+after it (a stall passes; the setting was the best known); a second in a row, a tail over twice the SLO,
+a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the delay drops to its
+minimum, else the batch size doubles when the executor is the bottleneck or halves when the batches are).
+On one core, other models' executors and requests take a measured share of the core (`record_cpu`): the
+plan runs this model's work on what they leave.
 Plans are data (`plan_jobs.PlanJob`): solved inside `step` (`inline_plans`, the tests and the
 simulator) or handed to the caller, who solves them off the event loop and returns the answer. When a delay would
 gather less than one companion for a batch's first request and no plan chose it, the delay goes to its
