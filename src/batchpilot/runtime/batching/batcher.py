@@ -71,6 +71,7 @@ class Batcher:
         self._tasks: list[asyncio.Task[None]] = []
         self.observers.params_changed(self.params)
         self._metrics.slo(spec.autotune.latency_slo_p99_ms / 1e3)
+        self._metrics.watch_queue(self.queue)
 
     # -- parameters ---------------------------------------------------------------------------------
     @property
@@ -143,7 +144,6 @@ class Batcher:
             future=self.loop.create_future(),
         )
         self.queue.enqueue(request, self.loop, self.queue.timeout_s(timeout_us))
-        self.observers.queue_depth(len(self.queue))
         self.observers.arrived(request)
         if not self._busy:
             self._poke()
@@ -156,7 +156,6 @@ class Batcher:
 
     def _timed_out(self, request: Pending) -> None:
         """The queue failed a request whose timeout expired (REJECT)."""
-        self.observers.queue_depth(len(self.queue))
         self.observers.dropped(request, "timeout")
 
     # -- the release loop -----------------------------------------------------------------------------
@@ -183,7 +182,6 @@ class Batcher:
                 await self._sleep_until(wake_at)
                 continue
             slices = self.policy.take(self.queue, self.params.max_batch_size, self.spec.batching.preserve_ordering)
-            self.observers.queue_depth(len(self.queue))
             self.observers.released(reason, slices)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
