@@ -130,24 +130,29 @@ class Batcher:
             raise Unavailable(f"model {self.spec.name!r} is shutting down")
         if self.hung:
             raise Unavailable(f"model {self.spec.name!r} is unavailable: its last batch hangs", retry_after_s=5.0)
-        self.queue.check_room(self.runner.compute_ewma_s / max(1, self.params.max_batch_size))
+        queue, loop = self.queue, self.loop
+        queue.check_room(self._seconds_per_request)
         first = next(iter(inputs.values()))
         request = Pending(
             inputs=inputs,
             n=first.shape[0],
             key=self.kind.request_key(inputs),
             length=self.kind.request_length(inputs),
-            level=self.queue.level(priority),
-            arrival=self.loop.time(),
+            level=queue.level(priority),
+            arrival=loop.time(),
             arrival_mono=time.perf_counter(),
             seq=next(self._seq),
-            future=self.loop.create_future(),
+            future=loop.create_future(),
         )
-        self.queue.enqueue(request, self.loop, self.queue.timeout_s(timeout_us))
+        queue.enqueue(request, loop, queue.timeout_s(timeout_us))
         self.observers.arrived(request)
         if not self._busy:
             self._poke()
         return request.future
+
+    def _seconds_per_request(self) -> float:
+        """About how long one queued request takes to leave (for a full queue's Retry-After)."""
+        return self.runner.compute_ewma_s / max(1, self.params.max_batch_size)
 
     @property
     def _busy(self) -> bool:
