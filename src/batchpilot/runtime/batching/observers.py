@@ -232,6 +232,7 @@ class MetricsObserver(BatchObserver):
         }
         self._m = {name: metric.labels(model=model) for name, metric in labelled.items()}
         self._outcomes = {outcome: metrics.requests.labels(model=model, outcome=outcome) for outcome in OUTCOMES}
+        self._releases: dict[str, Any] = {}  # reason -> its counter child
 
     def slo(self, seconds: float) -> None:
         self._m["slo"].set(seconds)
@@ -241,7 +242,7 @@ class MetricsObserver(BatchObserver):
         self._m["depth"].set_function(lambda: len(queue))
 
     def released(self, reason: str, slices: Sequence[Slice]) -> None:
-        self.metrics.release.labels(model=self.model, reason=reason).inc()
+        self._inc(self._releases, self.metrics.release, "reason", reason)
 
     def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
         self._m["batch_size"].observe(size)
@@ -276,9 +277,13 @@ class MetricsObserver(BatchObserver):
         self._outcome(outcome)
 
     def _outcome(self, outcome: str) -> None:
-        child = self._outcomes.get(outcome)
+        self._inc(self._outcomes, self.metrics.requests, "outcome", outcome)
+
+    def _inc(self, children: dict[str, Any], metric: Any, label: str, value: str) -> None:
+        """Count one in `metric`{model, label=value}: its children are kept (labels() takes a lock and a lookup)."""
+        child = children.get(value)
         if child is None:
-            child = self._outcomes[outcome] = self.metrics.requests.labels(model=self.model, outcome=outcome)
+            child = children[value] = metric.labels(**{"model": self.model, label: value})
         child.inc()
 
     def params_changed(self, params: TuningParams) -> None:

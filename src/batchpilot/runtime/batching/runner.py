@@ -47,7 +47,9 @@ class BatchRunner:
         for s in slices:
             if s.request.dispatched_mono is None:
                 s.request.dispatched_mono = start
-        running = loop.run_in_executor(self._thread, self.executor.run, slices)
+        # submit + wrap_future is what run_in_executor does, less its checks that `run` is no coroutine function
+        # (inspect calls, once per batch)
+        running = asyncio.wrap_future(self._thread.submit(self.executor.run, slices), loop=loop)
         # The hang watchdog is a timer on the loop (not wait_for around a shield: a task and two futures more
         # per batch). When it fires, the batch and the queue are failed while the model thread goes on.
         hung = False
