@@ -194,6 +194,9 @@ class FastLaneProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
             super()._start_asgi_task(cycle, app)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         for request in (self._active, self.cycle):
             if type(request) is FastRequest:
                 request.disconnected = True  # its answer, if one comes, is dropped
@@ -201,6 +204,43 @@ class FastLaneProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
             self.cycle = None  # uvicorn's part below is for its own cycles
         self._active = None
         super().connection_lost(exc)
+
+    # -- the keep-alive timeout ----------------------------------------------------------------------------
+    # uvicorn arms a timer when a response ends and cancels it on the next read: a timer made and cancelled per
+    # request. Here one timer stays armed while the connection is in use; when it fires, it looks at when the
+    # connection last went idle, and closes it, arms itself again for the rest, or (busy) waits to be re-armed.
+    _idle_from: float | None = None  # loop time the last response ended; None while a request is under way
+
+    def _unset_keepalive_if_required(self) -> None:  # uvicorn calls it on every read
+        self._idle_from = None
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, with the idle timer above."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_from = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_from = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self._arm_idle_timer(self._idle_from + self.timeout_keep_alive)
+
+    def _arm_idle_timer(self, at: float) -> None:
+        self.timeout_keep_alive_task = self.loop.call_at(at, self._idle_timer_fired)
+
+    def _idle_timer_fired(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self._idle_from is None:
+            return  # in use: the end of its response arms the timer again
+        due = self._idle_from + self.timeout_keep_alive
+        if self.loop.time() < due:
+            self._arm_idle_timer(due)
+        else:
+            self.timeout_keep_alive_handler()
 
     # -- answering ----------------------------------------------------------------------------------------
     def _max_body(self) -> int:
