@@ -52,8 +52,10 @@ def element_count(shape: tuple[int, ...]) -> int:
 def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
     """Validate one input's name, datatype and shape against the model; return its spec. (What a model kind
     adds, such as a sequence length limit, is checked by the kind: see runtime/kinds.)"""
-    tensor = next((t for t in spec.inputs if t.name == raw.name), None)
-    if tensor is None:
+    for tensor in spec.inputs:  # a loop, not next() over a generator: this runs for every request
+        if tensor.name == raw.name:
+            break
+    else:
         known = ", ".join(t.name for t in spec.inputs)
         raise InvalidRequest(f"unknown input {raw.name!r}; model {spec.name!r} takes: {known}")
     if raw.datatype != tensor.datatype:
@@ -64,8 +66,9 @@ def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
     if len(shape) != len(tensor.shape) + 1:
         want = [-1, *tensor.shape]
         raise InvalidRequest(f"input {raw.name!r}: shape {list(shape)} does not match {want} (batch dim first)")
-    if any(not isinstance(d, int) or d < 0 for d in shape):
-        raise InvalidRequest(f"input {raw.name!r}: shape {list(shape)} must hold non-negative integers")
+    for d in shape:
+        if not isinstance(d, int) or d < 0:
+            raise InvalidRequest(f"input {raw.name!r}: shape {list(shape)} must hold non-negative integers")
     if shape[0] < 1:
         raise InvalidRequest(f"input {raw.name!r}: the batch dimension must be at least 1")
     if shape[0] > max_items:
@@ -83,6 +86,8 @@ def check_input(spec: ModelSpec, raw: RawInput, max_items: int) -> TensorSpec:
 def check_complete(spec: ModelSpec, names: list[str]) -> None:
     """Every model input is present exactly once."""
     known = [t.name for t in spec.inputs]
+    if names == known:  # the usual request: each input once, in the model's order
+        return
     unknown = [n for n in names if n not in known]
     if unknown:
         raise InvalidRequest(f"unknown input(s) {unknown}; model {spec.name!r} takes {known}")
@@ -100,7 +105,7 @@ def array_from_bytes(raw: RawInput, data: bytes | memoryview) -> np.ndarray:
         raise InvalidRequest(
             f"input {raw.name!r}: {len(data)} bytes sent, shape {list(raw.shape)} of {raw.datatype} needs {expected}"
         )
-    return np.frombuffer(data, dtype=dtype).reshape(raw.shape)
+    return np.ndarray(raw.shape, dtype, buffer=data)  # frombuffer().reshape() in one call (read-only as well)
 
 
 def array_from_list(raw: RawInput, data: object) -> np.ndarray:
@@ -165,7 +170,8 @@ def select_outputs(spec: ModelSpec, wanted: list[str] | None) -> list[str]:
     names = [t.name for t in spec.outputs]
     if wanted is None:
         return names
-    unknown = [w for w in wanted if w not in names]
-    if unknown:
-        raise InvalidRequest(f"unknown output(s) {unknown}; model {spec.name!r} has {names}")
+    for w in wanted:
+        if w not in names:
+            unknown = [w for w in wanted if w not in names]
+            raise InvalidRequest(f"unknown output(s) {unknown}; model {spec.name!r} has {names}")
     return wanted

@@ -71,6 +71,7 @@ class Batcher:
         self._tasks: list[asyncio.Task[None]] = []
         self.observers.params_changed(self.params)
         self._metrics.slo(spec.autotune.latency_slo_p99_ms / 1e3)
+        self._metrics.watch_queue(self.queue)
 
     # -- parameters ---------------------------------------------------------------------------------
     @property
@@ -129,25 +130,29 @@ class Batcher:
             raise Unavailable(f"model {self.spec.name!r} is shutting down")
         if self.hung:
             raise Unavailable(f"model {self.spec.name!r} is unavailable: its last batch hangs", retry_after_s=5.0)
-        self.queue.check_room(self.runner.compute_ewma_s / max(1, self.params.max_batch_size))
+        queue, loop = self.queue, self.loop
+        queue.check_room(self._seconds_per_request)
         first = next(iter(inputs.values()))
         request = Pending(
             inputs=inputs,
             n=first.shape[0],
             key=self.kind.request_key(inputs),
             length=self.kind.request_length(inputs),
-            level=self.queue.level(priority),
-            arrival=self.loop.time(),
+            level=queue.level(priority),
+            arrival=loop.time(),
             arrival_mono=time.perf_counter(),
             seq=next(self._seq),
-            future=self.loop.create_future(),
+            future=loop.create_future(),
         )
-        self.queue.enqueue(request, self.loop, self.queue.timeout_s(timeout_us))
-        self.observers.queue_depth(len(self.queue))
+        queue.enqueue(request, loop, queue.timeout_s(timeout_us))
         self.observers.arrived(request)
         if not self._busy:
             self._poke()
         return request.future
+
+    def _seconds_per_request(self) -> float:
+        """About how long one queued request takes to leave (for a full queue's Retry-After)."""
+        return self.runner.compute_ewma_s / max(1, self.params.max_batch_size)
 
     @property
     def _busy(self) -> bool:
@@ -156,7 +161,6 @@ class Batcher:
 
     def _timed_out(self, request: Pending) -> None:
         """The queue failed a request whose timeout expired (REJECT)."""
-        self.observers.queue_depth(len(self.queue))
         self.observers.dropped(request, "timeout")
 
     # -- the release loop -----------------------------------------------------------------------------
@@ -183,7 +187,6 @@ class Batcher:
                 await self._sleep_until(wake_at)
                 continue
             slices = self.policy.take(self.queue, self.params.max_batch_size, self.spec.batching.preserve_ordering)
-            self.observers.queue_depth(len(self.queue))
             self.observers.released(reason, slices)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(

@@ -2,7 +2,6 @@
 
 The batcher tells one `BatchObserver` (a fan-out over all of them) what happens, in these events:
 - `arrived`: a request was admitted to the queue;
-- `queue_depth`: the number of waiting requests changed;
 - `released`: a batch left the queue, and why (full, preferred, delay, deadline, drained);
 - `executed`: one model call of `size` items ran, with its input/infer/output seconds;
 - `batch_done`: a batch finished (its token counts, for padding efficiency);
@@ -13,12 +12,13 @@ The batcher tells one `BatchObserver` (a fan-out over all of them) what happens,
 - `params_changed`: the batching parameters in force changed;
 - `tuned`: the tuner looked at the figures (whether the SLO is feasible, whether it moved the parameters);
 - `health`: the model stopped or started serving (a hung batch, and its return).
-Each observer overrides the events it cares about; the rest do nothing.
+Each observer overrides the events it cares about; the rest do nothing. (The queue's depth is no event: the
+metrics read it when scraped, so an arrival costs no gauge update.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import Any, NamedTuple
 
 from batchpilot.runtime.autotuner import TuningParams
@@ -44,9 +44,6 @@ class BatchObserver:
     """Every event a batcher reports; each does nothing here."""
 
     def arrived(self, request: Pending) -> None:
-        pass
-
-    def queue_depth(self, depth: int) -> None:
         pass
 
     def released(self, reason: str, slices: Sequence[Slice]) -> None:
@@ -92,7 +89,6 @@ class Observers(BatchObserver):
             return [getattr(o, event) for o in self.observers if self._overrides(o, event)]
 
         self._arrived = handlers("arrived")
-        self._queue_depth = handlers("queue_depth")
         self._released = handlers("released")
         self._executed = handlers("executed")
         self._batch_done = handlers("batch_done")
@@ -115,10 +111,6 @@ class Observers(BatchObserver):
     def arrived(self, request: Pending) -> None:
         for handler in self._arrived:
             handler(request)
-
-    def queue_depth(self, depth: int) -> None:
-        for handler in self._queue_depth:
-            handler(depth)
 
     def released(self, reason: str, slices: Sequence[Slice]) -> None:
         for handler in self._released:
@@ -240,15 +232,17 @@ class MetricsObserver(BatchObserver):
         }
         self._m = {name: metric.labels(model=model) for name, metric in labelled.items()}
         self._outcomes = {outcome: metrics.requests.labels(model=model, outcome=outcome) for outcome in OUTCOMES}
+        self._releases: dict[str, Any] = {}  # reason -> its counter child
 
     def slo(self, seconds: float) -> None:
         self._m["slo"].set(seconds)
 
-    def queue_depth(self, depth: int) -> None:
-        self._m["depth"].set(depth)
+    def watch_queue(self, queue: Sized) -> None:
+        """The queue depth gauge reads `len(queue)` when scraped."""
+        self._m["depth"].set_function(lambda: len(queue))
 
     def released(self, reason: str, slices: Sequence[Slice]) -> None:
-        self.metrics.release.labels(model=self.model, reason=reason).inc()
+        self._inc(self._releases, self.metrics.release, "reason", reason)
 
     def executed(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
         self._m["batch_size"].observe(size)
@@ -283,9 +277,13 @@ class MetricsObserver(BatchObserver):
         self._outcome(outcome)
 
     def _outcome(self, outcome: str) -> None:
-        child = self._outcomes.get(outcome)
+        self._inc(self._outcomes, self.metrics.requests, "outcome", outcome)
+
+    def _inc(self, children: dict[str, Any], metric: Any, label: str, value: str) -> None:
+        """Count one in `metric`{model, label=value}: its children are kept (labels() takes a lock and a lookup)."""
+        child = children.get(value)
         if child is None:
-            child = self._outcomes[outcome] = self.metrics.requests.labels(model=self.model, outcome=outcome)
+            child = children[value] = metric.labels(**{"model": self.model, label: value})
         child.inc()
 
     def params_changed(self, params: TuningParams) -> None:

@@ -90,12 +90,13 @@ class PolicyQueue(BatchQueue):
         self.policy = batching.default_queue_policy
         self.on_timeout = on_timeout
 
-    def check_room(self, seconds_per_request: float) -> None:
-        """Refuse at once when the queue is full; Retry-After estimates how long it takes to drain."""
+    def check_room(self, seconds_per_request: Callable[[], float]) -> None:
+        """Refuse at once when the queue is full; Retry-After estimates how long it takes to drain (asked only
+        then: `seconds_per_request()`)."""
         if self.policy.max_queue_size and len(self) >= self.policy.max_queue_size:
             raise Unavailable(
                 f"model {self.model!r}: queue full ({len(self)} requests waiting)",
-                retry_after_s=1.0 + seconds_per_request * len(self),
+                retry_after_s=1.0 + seconds_per_request() * len(self),
             )
 
     def level(self, priority: int) -> int:

@@ -47,21 +47,32 @@ class BatchRunner:
         for s in slices:
             if s.request.dispatched_mono is None:
                 s.request.dispatched_mono = start
-        running = loop.run_in_executor(self._thread, self.executor.run, slices)
+        # submit + wrap_future is what run_in_executor does, less its checks that `run` is no coroutine function
+        # (inspect calls, once per batch)
+        running = asyncio.wrap_future(self._thread.submit(self.executor.run, slices), loop=loop)
+        # The hang watchdog is a timer on the loop (not wait_for around a shield: a task and two futures more
+        # per batch). When it fires, the batch and the queue are failed while the model thread goes on.
+        hung = False
+
+        def on_hang() -> None:
+            nonlocal hung
+            hung = True
+            self._on_hang(slices)
+
+        watchdog = loop.call_later(self.hang_timeout_s, on_hang)
         results: list[Outputs | RequestError]
         try:
-            try:
-                results, timings = await asyncio.wait_for(asyncio.shield(running), self.hang_timeout_s)
-            except asyncio.TimeoutError:
-                self._on_hang(slices)
-                await running  # the thread is stuck until the model returns
-                log.warning("model %s returned after hanging; serving again", self.name)
-                self.hung = False
-                self.observers.health(True)
-                return
+            results, timings = await running
         except Exception as exc:  # a bug in collation, not the model: fail the batch, keep serving
             log.exception("batch of model %s failed outside the model", self.name)
             results, timings = [InternalError(f"internal error: {type(exc).__name__}")] * len(slices), BatchTimings()
+        finally:
+            watchdog.cancel()
+        if hung:  # its requests were failed when the watchdog fired
+            log.warning("model %s returned after hanging; serving again", self.name)
+            self.hung = False
+            self.observers.health(True)
+            return
         self._account(timings)
         # Answer every request of the batch, then tell the observers once: one clock read and one metrics
         # update per batch, not per request.
@@ -99,7 +110,6 @@ class BatchRunner:
             if not request.future.done():
                 self.observers.dropped(request, "error")
                 request.fail(error)
-        self.observers.queue_depth(0)
 
     def _account(self, timings: BatchTimings) -> None:
         for size, t_in, t_infer, t_out in timings.executions:

@@ -29,6 +29,9 @@ Headers = list[tuple[bytes, bytes]]  # as in an ASGI scope: lower-case names
 Response = tuple[int, bytes, dict[str, str]]  # status, body, headers
 Handler = Callable[[Headers, bytes], Awaitable[Response]]  # (request headers, request body) -> response
 
+#: Paths whose inference route is remembered (clients send the same few paths; past this many, it starts over).
+_ROUTES_KEPT = 1024
+
 
 class RestFrontend:
     """The ASGI app (`__call__`), and the same handling without ASGI for `fast_lane.py`: `inference_route`
@@ -38,6 +41,7 @@ class RestFrontend:
         self.hub = hub
         self.fallback = fallback
         self.max_body_bytes = max_body_bytes
+        self._routes: dict[str, Handler | None] = {}  # path -> its inference handler (None: not inference)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -90,6 +94,14 @@ class RestFrontend:
         /v1/models/{m}:predict), None for any other request."""
         if method != "POST":
             return None
+        if path in self._routes:
+            return self._routes[path]
+        if len(self._routes) >= _ROUTES_KEPT:
+            self._routes.clear()
+        handler = self._routes[path] = self._inference_handler(path)
+        return handler
+
+    def _inference_handler(self, path: str) -> Handler | None:
         parts = path.strip("/").split("/")
         if len(parts) == 3 and parts[0] == "v1" and parts[1] == "models":
             model, _, verb = parts[2].partition(":")

@@ -241,9 +241,32 @@ def _grid(data: Any, datatype: str) -> tuple[np.ndarray, int] | None:
 
 def _shape(item: dict[str, Any], name: str) -> tuple[int, ...]:
     shape = item.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise InvalidRequest(f"input {name!r}: 'shape' must be a list of integers")
-    return tuple(shape)
+    if isinstance(shape, list):
+        for d in shape:  # loops here and below, not generators: this runs for every request
+            if not isinstance(d, int) or isinstance(d, bool):
+                break
+        else:
+            return tuple(shape)
+    raise InvalidRequest(f"input {name!r}: 'shape' must be a list of integers")
+
+
+def _outputs(wanted: Any, binary_all: bool) -> tuple[list[str], set[str]]:
+    """The names of the outputs `wanted` asks for, and those of them to answer in binary."""
+    if not isinstance(wanted, list):
+        raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
+    for o in wanted:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
+    names: list[str] = []
+    binary: set[str] = set()
+    for o in wanted:
+        params = o.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidRequest("an output's 'parameters' must be an object")
+        names.append(o["name"])
+        if binary_all or params.get("binary_data") is True:
+            binary.add(o["name"])
+    return names, binary
 
 
 def decode(body: bytes, header_length: str | None) -> V2Request:
@@ -299,16 +322,7 @@ def decode(body: bytes, header_length: str | None) -> V2Request:
     binary_all = params.get("binary_data_output") is True
     wanted = doc.get("outputs")
     if wanted is not None:
-        if not isinstance(wanted, list) or not all(
-            isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted
-        ):
-            raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
-        if not all(isinstance(o.get("parameters") or {}, dict) for o in wanted):
-            raise InvalidRequest("an output's 'parameters' must be an object")
-        request.outputs = [o["name"] for o in wanted]
-        request.binary_outputs = {
-            o["name"] for o in wanted if binary_all or (o.get("parameters") or {}).get("binary_data") is True
-        }
+        request.outputs, request.binary_outputs = _outputs(wanted, binary_all)
     elif binary_all:
         request.binary_outputs = {"*"}
     return request
