@@ -26,7 +26,6 @@ from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.gpu import export_gpu_metrics
 from batchpilot.runtime.hub import HostedModel, ModelHub
 from batchpilot.runtime.metrics import RuntimeMetrics
-from batchpilot.runtime.onednn import limit_primitive_cache
 from batchpilot.runtime.plan_worker import shared_worker
 from batchpilot.runtime.protocol import limits as connection_limits
 from batchpilot.runtime.protocol.grpc_frontend import BatchPilotServicer, add_servicer
@@ -107,7 +106,6 @@ class BatchPilotServer(kserve.ModelServer):
         if options.torch_threads:
             torch.set_num_threads(options.torch_threads)
         self.device = pick_device()
-        log.info("oneDNN primitive cache capacity: %d", limit_primitive_cache())  # before any model runs
         entries = load_repository(options.model_repository, self.device, specs_from_env(), subpaths_from_env())
         self.hub = build_hub(entries, self.device, self.metrics, options)
         for hosted in self.hub.models.values():
