@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchpilot.runtime.autotune_model import TuningParams, delay_ladder, fit_batch_latency, read_workload
-from batchpilot.runtime.autotuner import MAX_MEASURE_S, SETTLE_S, Autotuner
+from batchpilot.runtime.autotuner import FIRST_LOOK_S, MAX_MEASURE_S, SETTLE_S, Autotuner
 from batchpilot.runtime.plan_jobs import solve
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
 from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, LinearLatency, Load, Poisson
@@ -147,6 +147,21 @@ def test_a_trickle_of_requests_stops_the_waiting() -> None:
     sim, tuner = tuned(CPU, Poisson(20), 10.0, initial=TuningParams(16, 0.010))
     assert tuner.params.max_queue_delay_s == 0.0
     assert sim.stats(5.0, 10.0).p99_s < 0.005  # no 10 ms window paid
+
+
+def test_a_fresh_servers_first_moments_are_not_taken_for_a_trickle() -> None:
+    """Clients still connecting look like a trickle: the low-load rule waits FIRST_LOOK_S before it judges."""
+    tuner = Autotuner(spec(50), TuningParams(16, 0.002))
+    decisions = []
+    for i in range(100):  # one request at a time, 10 ms apart, each alone in its batch
+        t = i * 0.010
+        tuner.record_arrival(1, t)
+        tuner.record_batch(1, 0.003, t + 0.005)
+        tuner.record_request(0.005, 0.002, t + 0.005)
+        if i % 25 == 24:  # stepped every 0.25 s
+            decisions.append((t, tuner.step(t + 0.006)))
+    first = [(t, d.reason) for t, d in decisions if d is not None]
+    assert first and first[0][1] == "low-load" and first[0][0] >= FIRST_LOOK_S - 0.01
 
 
 def test_adapts_when_the_load_steps_up_and_down() -> None:

@@ -65,6 +65,7 @@ MIN_ANSWERS = 100  # answers behind a p99 worth comparing
 SETTLE_S = (0.25, 2.0)  # after a change, data is counted from 3 x p99 later, within these bounds
 TRIAL_MARGIN = 0.9  # a trial must keep its p99 under this share of the SLO
 CHANGE_TRIGGER = 0.3  # relative change of arrival rate or mean latency that reopens the search
+FIRST_LOOK_S = 0.5  # a fresh server's load is not judged a trickle before this long
 LOW_LOAD_COMPANY = 0.5  # expected companions within the delay under which an unplanned delay drops
 FIT_PER_SIZE = 32  # latest batches of each size behind the fit...
 FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
@@ -81,6 +82,7 @@ PADDING_GAIN = 0.05  # a padding budget must promise this much less executor tim
 LENGTHS_KEPT = 2048  # recent sequence lengths the padding plan draws from
 TOKEN_BATCHES = 256  # recent single-execution batches behind the per-token cost fit
 MAX_CLIENTS = 512  # a closed loop of more clients is planned as an open one
+KEEP_PACE = 0.95  # a violation's pick must be predicted to serve this share of the measured arrival rate
 SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 
@@ -305,6 +307,10 @@ class Autotuner:
         delay = self._params.max_queue_delay_s
         if delay <= self._lo_d or epoch.items_arrived < 20 or self._params == self._planned:
             return None
+        if self._epoch_count <= 1 and now - epoch.settled_at < FIRST_LOOK_S:
+            # A fresh server's first moments read as a trickle while the clients connect (live: 2 clients read
+            # as 168/s in the first 0.25 s, the delay that paired them dropped, 0.92x the best static setting).
+            return None
         rate = epoch.items_arrived / max(now - epoch.settled_at, 1e-9)
         company = _company(rate, epoch.accompanied / epoch.items_arrived, delay)
         if company >= LOW_LOAD_COMPANY:
@@ -335,9 +341,10 @@ class Autotuner:
             return self._request_plan(fit, read_workload(m), m, now, violation=True)
         return self._back_off(m, now)
 
-    def _severe(self, m: Measurement, w: Workload) -> bool:
-        """An SLO break past measuring again: a tail over SEVERE x the SLO, or an open loop's queue growing."""
-        return m.p99_s > SEVERE * self._slo_s or (not w.closed and m.arrival_rate > 1.05 * m.items_per_s)
+    def _severe(self, m: Measurement) -> bool:
+        """An SLO break past measuring again: a tail over SEVERE x the SLO, or more arriving than served (a
+        queue growing; whatever the load reads as: an overloaded open loop can pass for a closed one)."""
+        return m.p99_s > SEVERE * self._slo_s or m.arrival_rate > 1.05 * m.items_per_s
 
     def _back_off(self, m: Measurement, now: float) -> Decision | None:
         """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff`."""
@@ -417,7 +424,7 @@ class Autotuner:
         w = out.workload if solved is None else replace(out.workload, think_s=solved.think_s)
         pick = self._pick(out, solved, w) if solved is not None else None
         if out.violation:
-            if pick is None and self._strike != self._incumbent and not self._severe(m, w):
+            if pick is None and self._strike != self._incumbent and not self._severe(m):
                 # Nothing predicted to do better: a first break (a stall, another process's burst) is
                 # measured again rather than answered by the fixed backoff, which undoes a good setting.
                 self._strike = self._incumbent
@@ -500,6 +507,10 @@ class Autotuner:
             if c.params not in self._rejected
             and c.params != self._incumbent
             and c.params.max_batch_size not in self._lost_sizes
+            # An SLO break is never answered with less pace than the arrivals': in a closed loop a lower rate
+            # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
+            # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
+            and (not out.violation or c.items_per_s >= KEEP_PACE * m.arrival_rate)
         ]
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
