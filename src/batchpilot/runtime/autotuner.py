@@ -82,6 +82,7 @@ PADDING_GAIN = 0.05  # a padding budget must promise this much less executor tim
 LENGTHS_KEPT = 2048  # recent sequence lengths the padding plan draws from
 TOKEN_BATCHES = 256  # recent single-execution batches behind the per-token cost fit
 MAX_CLIENTS = 512  # a closed loop of more clients is planned as an open one
+DRAINING = 1.1  # serving this much more than arrives: a backlog is draining, no violation is acted on
 KEEP_PACE = 0.95  # a violation's pick must be predicted to serve this share of the measured arrival rate
 SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
@@ -333,6 +334,11 @@ class Autotuner:
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial or not self._feasible:
             return None  # both miss: the trial is judged on p99 at its end; or a lost cause
+        if m.items_per_s > DRAINING * m.arrival_rate:
+            # A backlog (a burst, an earlier setting's queue) is draining: its answers break the SLO whatever
+            # the setting, and a change now only costs pace (live: 3x open-loop step, re-plans every second
+            # while the queue drained, p99 0.7 s).
+            return None
         if self._replanned is self._epoch:
             return None  # one re-plan per epoch: on its way, or it found nothing better
         fit = self._fit()
