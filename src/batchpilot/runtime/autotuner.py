@@ -82,6 +82,7 @@ PADDING_GAIN = 0.05  # a padding budget must promise this much less executor tim
 LENGTHS_KEPT = 2048  # recent sequence lengths the padding plan draws from
 TOKEN_BATCHES = 256  # recent single-execution batches behind the per-token cost fit
 MAX_CLIENTS = 512  # a closed loop of more clients is planned as an open one
+GROWING = 1.05  # arriving this much faster than served: the queue grows
 DRAINING = 1.1  # serving this much more than arrives: a backlog is draining, no violation is acted on
 KEEP_PACE = 0.95  # a violation's pick must be predicted to serve this share of the measured arrival rate
 SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
@@ -350,7 +351,7 @@ class Autotuner:
     def _severe(self, m: Measurement) -> bool:
         """An SLO break past measuring again: a tail over SEVERE x the SLO, or more arriving than served (a
         queue growing; whatever the load reads as: an overloaded open loop can pass for a closed one)."""
-        return m.p99_s > SEVERE * self._slo_s or m.arrival_rate > 1.05 * m.items_per_s
+        return m.p99_s > SEVERE * self._slo_s or m.arrival_rate > GROWING * m.items_per_s
 
     def _back_off(self, m: Measurement, now: float) -> Decision | None:
         """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff`."""
@@ -371,7 +372,7 @@ class Autotuner:
         queued_s = m.mean_wait_s
         short_of_capacity = (
             m.utilization >= 0.9
-            or m.arrival_rate > 1.05 * m.items_per_s
+            or m.arrival_rate > GROWING * m.items_per_s
             or queued_s > 2 * (m.mean_s - queued_s)
             # Batches leave full from a busy executor: the size limit binds, and halving it would only
             # lengthen the queue. (The executor may never look 90% busy when it shares its core with

@@ -175,23 +175,20 @@ def bounded_http_protocol(
             if not self._wanted_reason:  # a new connection's deadline runs from its opening
                 self._want("header", limits.header_timeout_s)
 
-        # The header bytes are counted inline (one call less per header line: these run for every one).
         def on_url(self, url: bytes) -> None:
-            self._header_bytes += len(url)
-            if self._header_bytes > limits.max_header_bytes:
-                self._headers_too_large()
+            self._count_header_bytes(len(url))
             super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            self._header_bytes += len(name) + len(value)
-            if self._header_bytes > limits.max_header_bytes:
-                self._headers_too_large()
+            self._count_header_bytes(len(name) + len(value))
             super().on_header(name, value)
 
-        def _headers_too_large(self) -> None:
-            counters["header_too_large"].inc()
-            # Raised through the parser: uvicorn answers 400 "Invalid HTTP request" and closes.
-            raise ValueError(f"request headers exceed {limits.max_header_bytes} bytes")
+        def _count_header_bytes(self, size: int) -> None:
+            self._header_bytes += size
+            if self._header_bytes > limits.max_header_bytes:
+                counters["header_too_large"].inc()
+                # Raised through the parser: uvicorn answers 400 "Invalid HTTP request" and closes.
+                raise ValueError(f"request headers exceed {limits.max_header_bytes} bytes")
 
         def on_headers_complete(self) -> None:
             self._want("body", limits.body_timeout_s)
