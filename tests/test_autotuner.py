@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -369,14 +370,14 @@ def test_batching_report_shows_the_prediction_beside_the_measurement() -> None:
     assert planned and all("predicted_items_per_s" in d.detail for d in planned)
 
 
-def drive_one_core(cores: int, background: float = 0.0, ledger: bool = True) -> dict:
+def drive_one_core(cores: int, background: float = 0.0, ledger: bool = True, tuner: Autotuner | None = None) -> dict:
     """A saturated closed loop: the executor spends 0.4 ms/item + 1.2 ms of CPU per batch, the front-ends
     0.3 ms per item more, half of it while the batch runs (stretching its wall time), half between batches.
     Another model in the process takes `background` of the core (3/4 its executor, 1/4 its items' front-end
     work at the same 0.3 ms per item), which stretches everything this model does by 1 / (1 - background).
     `ledger`: the other model's executor CPU and items are reported apart (else only the process's clock).
-    Returns the tuner's plan report."""
-    tuner = Autotuner(spec(100), TuningParams(16, 0.0), cores=cores)
+    Returns the tuner's plan report (`tuner`: drive this one instead of a new one)."""
+    tuner = tuner or Autotuner(spec(100), TuningParams(16, 0.0), cores=cores)
     t, cpu, others_exec, others_items = 0.0, 0.0, 0.0, 0.0
     stretch = 1.0 / (1.0 - background)
     for i in range(400):  # batches of 16 and 8 alternate (a fit over two sizes), back to back
@@ -424,6 +425,29 @@ def test_another_models_cpu_is_a_share_of_the_core_not_this_ones_front_end_cost(
     blind = drive_one_core(1, background=0.4, ledger=False)
     assert blind["frontend_cpu_ms"] > 2.5 * shared["frontend_cpu_ms"] and blind["background_cpu"] == 0.0
     assert blind["predicted_items_per_s"] < 0.85 * blind["arrival_rate"]
+
+
+def test_on_one_core_a_tuner_publishes_its_loop_and_plans_beside_the_others() -> None:
+    """A tuner whose one-core plan has calibrated its closed loop publishes it (`neighbour`); another tuner
+    handed it plans beside it (the plan simulates that loop), and no longer stretches its own work by the
+    share of the core the neighbour takes (that share is in the simulation)."""
+    a = Autotuner(spec(100), TuningParams(16, 0.0), cores=1, name="a")
+    assert a.neighbour() is None  # nothing calibrated yet
+    drive_one_core(1, background=0.4, tuner=a)
+    published = a.neighbour()
+    assert published is not None and published.name == "a" and published.params == a.params
+    assert published.frontend_s == pytest.approx(0.3e-3, rel=0.05) and published.clients >= 1
+    assert 0.3 < published.core_share < 0.7
+    beside = replace(published, core_share=0.4)  # as if a took the 40% b measures beside it
+    b = Autotuner(spec(100), TuningParams(16, 0.0), cores=1, inline_plans=False, name="b")
+    b.set_neighbours([beside])
+    drive_one_core(1, background=0.4, tuner=b)
+    job = b.plan_job
+    assert job is not None and job.kind == "one-core" and job.neighbours == (beside,)
+    assert job.frontend_s == pytest.approx(0.3e-3, rel=0.05)  # not stretched by 1 / (1 - 0.4)
+    alone = Autotuner(spec(100), TuningParams(16, 0.0), cores=1, inline_plans=False)
+    drive_one_core(1, background=0.4, tuner=alone)
+    assert alone.plan_job is not None and alone.plan_job.frontend_s == pytest.approx(0.5e-3, rel=0.05)
 
 
 def test_a_violation_is_answered_by_a_re_plan_not_a_backoff() -> None:

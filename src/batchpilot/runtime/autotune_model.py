@@ -174,7 +174,7 @@ class Epoch:
 
     def measure(self, now: float) -> Measurement:
         duration = max(now - self.settled_at, 1e-9)
-        frontend, background = self._cpu_shares()
+        frontend, background, own = self._cpu_shares()
         lat = np.asarray(self.latencies)
         return Measurement(
             params=self.params,
@@ -195,24 +195,27 @@ class Epoch:
             peak_in_server=int(np.percentile(self.in_server_seen, 98)) if self.in_server_seen else 0,
             frontend_cpu_s=frontend,
             background_cpu=background,
+            own_cpu=own,
         )
 
-    def _cpu_shares(self) -> tuple[float | None, float]:
-        """The front-end CPU per item and the core's share that other models took (`Measurement`'s
-        `frontend_cpu_s` and `background_cpu`; none before two readings). The process's CPU beyond every
-        executor is front-end work, spread evenly over every model's items; another model's share is its
-        executor's CPU plus the front-end work of its items."""
+    def _cpu_shares(self) -> tuple[float | None, float, float]:
+        """The front-end CPU per item and the core's shares that other models and this one took
+        (`Measurement`'s `frontend_cpu_s`, `background_cpu` and `own_cpu`; none before two readings). The
+        process's CPU beyond every executor is front-end work, spread evenly over every model's items; a
+        model's share is its executor's CPU plus the front-end work of its items."""
         start, last = self.cpu_start, self.cpu_last
         if start is None or last is None or last.at <= start.at:
-            return None, 0.0
+            return None, 0.0, 0.0
         others_exec = last.others_exec_s - start.others_exec_s
         others_items = last.others_items - start.others_items
         items = self.items_since_cpu + others_items
         if items <= 0:
-            return None, 0.0
+            return None, 0.0, 0.0
         frontend = max(0.0, last.process_s - start.process_s - self.exec_cpu_s - others_exec) / items
-        background = (others_exec + frontend * others_items) / (last.at - start.at)
-        return frontend, min(max(background, 0.0), 1.0)
+        span = last.at - start.at
+        background = (others_exec + frontend * others_items) / span
+        own = (self.exec_cpu_s + frontend * self.items_since_cpu) / span
+        return frontend, min(max(background, 0.0), 1.0), min(max(own, 0.0), 1.0)
 
 
 @dataclass(frozen=True)
@@ -233,3 +236,4 @@ class Measurement:
     peak_in_server: int = 0
     frontend_cpu_s: float | None = None  # process CPU per item beyond the executors (every model's items)
     background_cpu: float = 0.0  # share of the process's core(s) other models took (their executors and items)
+    own_cpu: float = 0.0  # share this model took (its executor and its items' front-end work)

@@ -23,8 +23,10 @@ gives way to the plan's pick. With nothing predicted to do better, a first break
 after it (a stall passes; the setting was the best known); a second in a row, a tail over twice the SLO,
 a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the delay drops to its
 minimum, else the batch size doubles when the executor is the bottleneck or halves when the batches are).
-On one core, other models' executors and requests take a measured share of the core (`record_cpu`): the
-plan runs this model's work on what they leave.
+On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
+that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
+core) are simulated beside this model, and a plan then maximises their items/s with this model's while every
+SLO holds; the share of the others not so described stretches this model's work instead.
 Plans are data (`plan_jobs.PlanJob`): solved inside `step` (`inline_plans`, the tests and the
 simulator) or handed to the caller, who solves them off the event loop and returns the answer. When a delay would
 gather less than one companion for a batch's first request and no plan chose it, the delay goes to its
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,6 +55,7 @@ from batchpilot.runtime.autotune_model import (
     read_workload,
 )
 from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid, with_margin
+from batchpilot.runtime.one_core_planner import Neighbour
 from batchpilot.runtime.padding_planner import WASTE_LADDER as WASTE_STEPS
 from batchpilot.runtime.padding_planner import PaddingPlan, plan_padding
 from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
@@ -120,12 +124,21 @@ class Autotuner:
         window_s: float = 10.0,
         cores: int = 0,
         inline_plans: bool = True,
+        name: str = "",
     ) -> None:
         """`cores`: CPU cores the process may use; with one, front-ends and executors share it, and the
         plan charges each item its measured front-end CPU (see `record_cpu`). 0: unknown, no charge.
         `inline_plans`: solve plans inside `step`; else `plan_job` holds the plan asked for, which the
-        caller solves elsewhere (off the event loop) and hands back to `plan_solved`."""
+        caller solves elsewhere (off the event loop) and hands back to `plan_solved`. `name`: the model's, as
+        its neighbours see it."""
         b = spec.bounds
+        self._name = name
+        self._neighbours: tuple[Neighbour, ...] = ()  # the other models on this core, as they published
+        self._planned_beside: dict[str, TuningParams] = {}  # their settings when the last plan was made
+        # This model's closed loop as the last one-core plan calibrated it: CPU fit, clients, front-end CPU per
+        # item, the clients' own time (what `neighbour` publishes), and the share of the core it took.
+        self._calibrated: tuple[LatencyFit, int, float, float] | None = None
+        self._own_cpu = 0.0
         self._inline = inline_plans
         self._outstanding: _Outstanding | None = None
         self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
@@ -209,6 +222,29 @@ class Autotuner:
         """Admitted items left without being executed (queue timeout, cancel, failed batch)."""
         self._in_server = max(0, self._in_server - n_items)
 
+    def set_neighbours(self, neighbours: Sequence[Neighbour]) -> None:
+        """The other models on this core as their tuners last published them (`neighbour`)."""
+        self._neighbours = tuple(neighbours)
+
+    def neighbour(self) -> Neighbour | None:
+        """This model as the others on its core should plan beside it: a closed loop, once a one-core plan has
+        calibrated its clients' time (None before, or when its load is not one)."""
+        if self._calibrated is None:
+            return None
+        fit, clients, frontend_s, client_s = self._calibrated
+        m = self._inc_meas if self._inc_meas is not None and self._inc_meas.params == self._params else None
+        return Neighbour(
+            name=self._name,
+            params=replace(self._params, max_padding_waste=None),
+            fit=fit,
+            clients=clients,
+            frontend_s=frontend_s,
+            client_s=client_s,
+            slo_s=self._slo_s * TRIAL_MARGIN,
+            p99_s=m.p99_s if m is not None and math.isfinite(m.p99_s) else None,
+            core_share=m.own_cpu if m is not None else self._own_cpu,
+        )
+
     # -- control ------------------------------------------------------------------------------
     @property
     def params(self) -> TuningParams:
@@ -274,7 +310,7 @@ class Autotuner:
             self._incumbent, self._inc_meas = self._params, m
         else:
             self._inc_meas = m
-            if self._settled and self._moved(m):
+            if self._settled and (self._moved(m) or self._beside_moved()):
                 self._reopen()
             if (flip := self._verdict(m, now)) is not None:
                 return flip
@@ -430,6 +466,11 @@ class Autotuner:
         m = out.measurement
         w = out.workload if solved is None else replace(out.workload, think_s=solved.think_s)
         pick = self._pick(out, solved, w) if solved is not None else None
+        if solved is not None and out.job.kind == "one-core":
+            cpu_fit = self._fit(cpu=True)
+            f = m.frontend_cpu_s
+            if cpu_fit is not None and f is not None:
+                self._calibrated = (cpu_fit, out.job.clients, f, solved.think_s)
         if out.violation:
             if pick is None and self._strike != self._incumbent and not self._severe(m):
                 # Nothing predicted to do better: a first break (a stall, another process's burst) is
@@ -466,9 +507,14 @@ class Autotuner:
         if w.closed and w.clients > MAX_CLIENTS:  # so many sources act as an open loop
             w = replace(w, closed=False)
         items = max(PLAN_ITEMS, 4 * w.clients)
-        one_core = self._one_core(m)
+        beside = self._neighbours if w.closed else ()
+        one_core = self._one_core(m, beside)
+        if not (w.closed and one_core is not None):
+            self._calibrated, beside = None, ()
         self._charged = m.frontend_cpu_s if one_core else None
         self._background = m.background_cpu if one_core else 0.0
+        self._own_cpu = m.own_cpu
+        self._planned_beside = {nb.name: nb.params for nb in beside}
         common: dict[str, Any] = {"grid": tuple(grid), "slo_s": slo, "service_sigma": sigma}
         if w.closed and one_core is not None:
             cpu_fit, f = one_core
@@ -481,6 +527,7 @@ class Autotuner:
                 think_s=w.think_s,
                 frontend_s=f,
                 incumbent=inc,
+                neighbours=beside,
             )
         elif w.closed:
             job = PlanJob("closed", fit, **common, items=items, clients=w.clients, think_s=w.think_s)
@@ -521,20 +568,21 @@ class Autotuner:
         ]
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
-            best = min(options, key=lambda c: (c.p99_s, -c.items_per_s), default=None)
+            best = min(options, key=lambda c: (c.p99_s, -c.value), default=None)
             return best if best is not None and best.p99_s < (1 - TAIL_GAIN) * here.p99_s else None
-        top = max(c.items_per_s for c in meeting)
+        # The most items/s (beside other models on the core: the joint score, every SLO held).
+        top = max(c.value for c in meeting)
         best = min(
-            (c for c in meeting if c.items_per_s >= 0.99 * top),
+            (c for c in meeting if c.value >= 0.99 * top),
             key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size),
         )
         if w.closed:
             best = with_margin(best, meeting, slo)
         if not here.meets(self._slo_s):  # the incumbent is predicted to break the SLO itself
             return best
-        if best.items_per_s > (1 + GAIN) * here.items_per_s:
+        if best.value > (1 + GAIN) * here.value:
             return best
-        if best.items_per_s >= (1 - GAIN) * here.items_per_s and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
+        if best.value >= (1 - GAIN) * here.value and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
             return best
         return None
 
@@ -571,22 +619,27 @@ class Autotuner:
             "predicted_items_per_batch": round(pad.items_per_batch[w], 2),
         }
 
-    def _one_core(self, m: Measurement) -> tuple[LatencyFit, float] | None:
-        """On one core the executor and the front-ends take turns (`one_core_planner`): the executor's
-        CPU fit d(n) and the front-end CPU per item, both stretched by the share of the core other models
-        took (they run beside this one's work, time-sliced: this model has the rest of the core); None on
-        several cores or before both are measured."""
+    def _one_core(self, m: Measurement, beside: Sequence[Neighbour] = ()) -> tuple[LatencyFit, float] | None:
+        """On one core the executor and the front-ends share it (`one_core_planner`): the executor's CPU fit
+        d(n) and the front-end CPU per item, both stretched by the share of the core other models took that
+        the plan does not simulate `beside` this one (time-sliced: this model has the rest of the core); None
+        on several cores or before both are measured."""
         f = m.frontend_cpu_s
         cpu_fit = self._fit(cpu=True)
         if self._cores != 1 or f is None or cpu_fit is None or cpu_fit.one_size:
             return None
-        stretch = 1.0 / (1.0 - min(m.background_cpu, MAX_BACKGROUND))
+        rest = m.background_cpu - sum(nb.core_share for nb in beside)
+        stretch = 1.0 / (1.0 - min(max(rest, 0.0), MAX_BACKGROUND))
         return LatencyFit(cpu_fit.a_s * stretch, cpu_fit.b_s * stretch), f * stretch
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
         n = params.max_batch_size
         return not w.closed and w.arrival_rate > OPEN_HEADROOM * n / max(fit(n), 1e-12)
+
+    def _beside_moved(self) -> bool:
+        """Has another model on the core changed its setting (or come or gone) since the last plan?"""
+        return {nb.name: nb.params for nb in self._neighbours} != self._planned_beside
 
     def _confirms(self, t: Measurement, inc: Measurement | None) -> bool:
         """Does the measured trial hold up against the incumbent? A planned setting stays unless it
@@ -669,6 +722,7 @@ class Autotuner:
             "think_ms": round(w.think_s * 1e3, 3) if w.closed else None,
             "frontend_cpu_ms": _ms(self._charged) if self._charged is not None else None,
             "background_cpu": round(self._background, 3) if self._charged is not None else None,
+            "planned_beside": sorted(self._planned_beside),
             "feasible": self._plan.feasible,
             "predicted_items_per_s": round(here.items_per_s, 2) if here else None,
             "predicted_p99_ms": _ms(here.p99_s) if here else None,
@@ -781,6 +835,7 @@ def _predicted(c: CandidatePrediction, w: Workload) -> dict[str, Any]:
         "think_ms": round(w.think_s * 1e3, 3) if math.isfinite(w.think_s) else None,
         "predicted_items_per_s": round(c.items_per_s, 2),
         "predicted_p99_ms": _ms(c.p99_s),
+        **({"predicted_joint_score": round(c.score, 2)} if c.score is not None else {}),
     }
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,13 +41,47 @@ from batchpilot.runtime.batch_planner import (
     refined_plan,
 )
 
-__all__ = ["calibrate_client_time", "plan_one_core", "predict_one_core"]
+__all__ = ["Neighbour", "calibrate_client_time", "plan_one_core", "predict_one_core"]
 
 # Each setting is predicted at the measured front-end CPU per request and at this multiple of it, and
 # credited with the worse of the two. Measured live, the front-end CPU per item moved by +-25% between
 # epochs at one load (textcls binary, 8 clients: 0.20-0.32 ms), and a delay that gathers the whole
 # population only at the nominal cost (a knife edge: 16 / 2 ms at 8 clients) fragments its batches in life.
 FRONTEND_MARGIN = 1.3
+_DONE = 1e-12  # CPU seconds left under which a piece of work counts as done (rounding)
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """Another model in the process, sharing the core: a closed loop as its own tuner last measured and
+    planned it (published by every autotuner on one core, see `Autotuner.neighbour`)."""
+
+    name: str
+    params: TuningParams  # its setting in force
+    fit: LatencyFit  # its executor's CPU d(n)
+    clients: int
+    frontend_s: float  # front-end CPU per request
+    client_s: float  # its clients' own time per round trip (calibrated by its last plan)
+    slo_s: float  # the p99 its plans aim for
+    p99_s: float | None  # measured at `params` (None: not yet)
+    core_share: float  # the share of the core it took, measured (its executor and its requests)
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """One model's closed loop in the simulation: its setting, costs and clients' own times."""
+
+    params: TuningParams
+    fit: LatencyFit
+    clients: int
+    frontend_s: float
+    client: Sequence[float]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    prediction: CandidatePrediction
+    outside_s: float  # mean time per round trip outside the queue (client, front-end, waiting for the core)
 
 
 def _simulate(
@@ -57,65 +92,100 @@ def _simulate(
     client: Sequence[float],
     noise: Sequence[float] | None,
 ) -> tuple[CandidatePrediction, float]:
-    """One setting on one core: the prediction, and the mean time a request spends outside the queue
+    """One setting alone on one core: the prediction, and the mean time a request spends outside the queue
     (client, front-end and waiting for the core) per round trip."""
-    n_max, delay, a, b = params.max_batch_size, params.max_queue_delay_s, fit.a_s, fit.b_s
-    total = len(client)
-    sending = [(client[i], client[i]) for i in range(clients)]  # (ready for the front-end, left the server)
-    heapq.heapify(sending)
-    queue: list[float] = []  # arrival times in the batcher's queue, oldest first
-    k = clients
-    core = t_free = busy = 0.0
-    latencies: list[float] = []
-    outside: list[float] = []
+    own = _simulate_lanes([_Lane(params, fit, clients, frontend_s, client)], noise)[0]
+    return own.prediction, own.outside_s
+
+
+def _simulate_lanes(lanes: Sequence[_Lane], noise: Sequence[float] | None) -> list[_Outcome]:
+    """Every lane's closed loop on the one core, until the first lane has had all its draws answered.
+
+    The core is shared evenly by whatever can run (processor sharing, as the OS time-slices threads): the
+    front-end (one event loop turning requests around in the order they reach the server) and each lane's
+    executor while it runs a batch. A lane releases a batch when its executor is free and the batch is full
+    or its oldest request's window has closed. Neighbours' figures count from the first lane's warm-up on."""
+    total = len(lanes[0].client)
+    clients = [(lane.client[i], lane.client[i], j) for j, lane in enumerate(lanes) for i in range(lane.clients)]
+    heapq.heapify(clients)  # on their own time: (ready to send, left the server, lane)
+    front: deque[tuple[float, int]] = deque()  # sent, waiting for the front-end: (left the server, lane)
+    front_left = 0.0  # CPU seconds the request at the front-end's head still needs
+    queues: list[list[float]] = [[] for _ in lanes]  # arrival times in each batcher's queue, oldest first
+    running: list[float | None] = [None] * len(lanes)  # CPU seconds left of each executor's batch
+    batch_of: list[list[float]] = [[] for _ in lanes]
+    k = [lane.clients for lane in lanes]
+    answers: list[list[tuple[float, float]]] = [[] for _ in lanes]  # (answered at, latency)
+    outside: list[list[float]] = [[] for _ in lanes]
+    busy, batches = [0.0] * len(lanes), [0] * len(lanes)
+    t = warm_at = 0.0
     warm = int(WARMUP * total)
-    warm_at = 0.0
-    batches = 0
-    while k < total:
-        core = max(core, t_free)
-        while True:
-            due = math.inf
-            if queue:
-                due = queue[0] + (delay if n_max > 1 else 0.0)
-                if len(queue) >= n_max:
-                    due = min(due, queue[n_max - 1])
-                due = max(due, t_free)
-            if not sending:
-                break
-            done = max(core, sending[0][0]) + frontend_s
-            if done > due:
-                break
-            _, left = heapq.heappop(sending)
-            core = done
-            queue.append(done)
-            outside.append(done - left)
-        release = max(due, core)
-        size = min(n_max, len(queue))
-        batch = queue[:size]
-        del queue[:size]
-        d = a * size + b
-        if noise is not None:
-            d *= noise[batches % len(noise)]
-        t_free = core = release + d
-        busy += d
-        batches += 1
-        if len(latencies) < warm:
-            warm_at = t_free
-        for arrived in batch:
-            latencies.append(t_free - arrived)
-            heapq.heappush(sending, (t_free + client[k % total], t_free))
-            k += 1
-    kept = np.asarray(latencies[warm:])
-    prediction = CandidatePrediction(
-        params=params,
-        items_per_s=kept.size / max(t_free - warm_at, 1e-12),
-        p99_s=float(np.percentile(kept, 99)),
-        mean_s=float(kept.mean()),
-        mean_batch=len(latencies) / batches,
-        utilization=min(1.0, busy / t_free) if t_free > 0 else 0.0,
-        stable=True,
-    )
-    return prediction, float(np.mean(outside[len(outside) // 10 :]))
+    while k[0] < total:
+        while clients and clients[0][0] <= t:
+            _, left, j = heapq.heappop(clients)
+            if not front:
+                front_left = lanes[j].frontend_s
+            front.append((left, j))
+        nxt = clients[0][0] if clients else math.inf
+        for j, lane in enumerate(lanes):
+            queue = queues[j]
+            if running[j] is not None or not queue:
+                continue
+            n_max = lane.params.max_batch_size
+            due = queue[0] + (lane.params.max_queue_delay_s if n_max > 1 else 0.0)
+            if len(queue) < n_max and due > t:
+                nxt = min(nxt, due)
+                continue
+            size = min(n_max, len(queue))
+            batch_of[j] = queue[:size]
+            del queue[:size]
+            work = lane.fit(size) * (noise[sum(batches) % len(noise)] if noise is not None else 1.0)
+            running[j] = work
+            busy[j] += work
+            batches[j] += 1
+        runnable = bool(front) + sum(r is not None for r in running)
+        if front:
+            nxt = min(nxt, t + front_left * runnable)
+        for r in running:
+            if r is not None:
+                nxt = min(nxt, t + r * runnable)
+        assert math.isfinite(nxt), "a closed loop's requests are always somewhere"
+        progress = (nxt - t) / runnable if runnable else 0.0
+        t = nxt
+        if front:
+            front_left -= progress
+            if front_left <= _DONE:
+                left, j = front.popleft()
+                queues[j].append(t)
+                outside[j].append(t - left)
+                front_left = lanes[front[0][1]].frontend_s if front else 0.0
+        for j, r in enumerate(running):
+            if r is None:
+                continue
+            if r - progress > _DONE:
+                running[j] = r - progress
+                continue
+            running[j] = None
+            if j == 0 and len(answers[0]) < warm:
+                warm_at = t
+            client = lanes[j].client
+            for arrived in batch_of[j]:
+                answers[j].append((t, t - arrived))
+                heapq.heappush(clients, (t + client[k[j] % len(client)], t, j))
+                k[j] += 1
+    out = []
+    for j, lane in enumerate(lanes):
+        kept = np.asarray([x for _, x in answers[j][warm:]] if j == 0 else [x for at, x in answers[j] if at > warm_at])
+        prediction = CandidatePrediction(
+            params=lane.params,
+            items_per_s=kept.size / max(t - warm_at, 1e-12),
+            p99_s=float(np.percentile(kept, 99)) if kept.size else math.inf,
+            mean_s=float(kept.mean()) if kept.size else math.inf,
+            mean_batch=len(answers[j]) / max(batches[j], 1),
+            utilization=min(1.0, busy[j] / t) if t > 0 else 0.0,
+            stable=True,
+        )
+        out.append(_Outcome(prediction, float(np.mean(outside[j][len(outside[j]) // 10 :]))))
+    return out
 
 
 def calibrate_client_time(
@@ -125,17 +195,20 @@ def calibrate_client_time(
     frontend_s: float,
     outside_s: float,
     *,
+    neighbours: Sequence[Neighbour] = (),
     service_sigma: float = 0.0,
     items: int = CLOSED_ITEMS,
     seed: int = 0,
     rounds: int = 3,
 ) -> float:
-    """The clients' own mean time per round trip for which the model, at `incumbent`, predicts the
-    measured time outside the server `outside_s` (>= 0; a few fixed-point rounds)."""
+    """The clients' own mean time per round trip for which the model, at `incumbent` (and the neighbours at
+    theirs), predicts the measured time outside the server `outside_s` (>= 0; a few fixed-point rounds)."""
     draws = Draws(items, service_sigma, seed)
+    others = _neighbour_lanes(neighbours, items, seed)
     guess = max(0.0, outside_s - frontend_s)
     for _ in range(rounds):
-        _, predicted = _simulate(incumbent, fit, clients, frontend_s, draws.times(guess), draws.noise)
+        lanes = [_Lane(incumbent, fit, clients, frontend_s, draws.times(guess)), *others]
+        predicted = _simulate_lanes(lanes, draws.noise)[0].outside_s
         guess = max(0.0, guess + outside_s - predicted)
     return guess
 
@@ -147,24 +220,76 @@ def predict_one_core(
     frontend_s: float,
     client_s: float,
     *,
+    neighbours: Sequence[Neighbour] = (),
+    incumbent: TuningParams | None = None,
     service_sigma: float = 0.0,
     items: int = CLOSED_ITEMS,
     seed: int = 0,
 ) -> list[CandidatePrediction]:
     """Predictions for `clients` closed-loop clients (exponential own time of mean `client_s`) on one core
-    with `frontend_s` of front-end CPU per request and the executor's CPU d(n) = `fit`."""
+    with `frontend_s` of front-end CPU per request and the executor's CPU d(n) = `fit`.
+
+    With `neighbours` (other models' closed loops on the same core, each at its setting in force) every
+    candidate is simulated beside them and judged for all: its `score` counts their items/s too (each
+    weighted so that its rate at `incumbent`, needed then, counts as much as this model's), and it holds
+    (`others_ok`) only if every neighbour keeps its SLO (see `_holds`). Greedy tuners would each take the
+    core's time for their own items/s (small batches, no delay) and break the other's SLO (measured live)."""
     if clients < 1 or items < 2 * clients:
         raise ValueError("need clients >= 1 and items >= 2 * clients")
     draws = Draws(items, service_sigma, seed)
     client = draws.times(client_s)
+    others = _neighbour_lanes(neighbours, items, seed)
 
-    def robust(p: TuningParams) -> CandidatePrediction:
-        nominal = _simulate(p, fit, clients, frontend_s, client, draws.noise)[0]
-        slower = _simulate(p, fit, clients, frontend_s * FRONTEND_MARGIN, client, draws.noise)[0]
-        worse = min(nominal, slower, key=lambda c: c.items_per_s)
-        return replace(worse, p99_s=max(nominal.p99_s, slower.p99_s))
+    def robust(p: TuningParams) -> list[CandidatePrediction]:
+        """Every lane's prediction, each the worse of the measured front-end cost and FRONTEND_MARGIN x it."""
+        runs = [
+            _simulate_lanes(
+                [
+                    _Lane(p, fit, clients, frontend_s * k, client),
+                    *(replace(o, frontend_s=o.frontend_s * k) for o in others),
+                ],
+                draws.noise,
+            )
+            for k in (1.0, FRONTEND_MARGIN)
+        ]
+        out = []
+        for nominal, slower in zip(*([o.prediction for o in run] for run in runs), strict=True):
+            worse = min(nominal, slower, key=lambda c: c.items_per_s)
+            out.append(replace(worse, p99_s=max(nominal.p99_s, slower.p99_s)))
+        return out
 
-    return closed_candidates(candidates, clients, robust)
+    if not neighbours:
+        return closed_candidates(candidates, clients, lambda p: robust(p)[0])
+    if incumbent is None:
+        raise ValueError("a plan beside neighbours weighs them at the incumbent: give it")
+    ref = robust(incumbent)
+
+    def joint(p: TuningParams) -> CandidatePrediction:
+        own, *theirs = robust(p)
+        weights = (ref[0].items_per_s / max(r.items_per_s, 1e-9) for r in ref[1:])
+        score = own.items_per_s + sum(c.items_per_s * w for c, w in zip(theirs, weights, strict=True))
+        held = all(_holds(nb, c, r) for nb, c, r in zip(neighbours, theirs, ref[1:], strict=True))
+        return replace(own, score=score, others_ok=held)
+
+    return closed_candidates(candidates, clients, joint)
+
+
+def _neighbour_lanes(neighbours: Sequence[Neighbour], items: int, seed: int) -> list[_Lane]:
+    return [
+        _Lane(nb.params, nb.fit, nb.clients, nb.frontend_s, Draws(items, 0.0, seed + 1 + i).times(nb.client_s))
+        for i, nb in enumerate(neighbours)
+    ]
+
+
+def _holds(nb: Neighbour, c: CandidatePrediction, ref: CandidatePrediction) -> bool:
+    """Does the neighbour keep its SLO beside a candidate? Its predicted p99 is scaled by the model's error at
+    the settings in force (measured / predicted, within 0.5-3x); one already over its SLO must not get worse."""
+    measured = nb.p99_s
+    if measured is None or not math.isfinite(ref.p99_s) or ref.p99_s <= 0:
+        return c.p99_s <= nb.slo_s
+    if c.p99_s * min(max(measured / ref.p99_s, 0.5), 3.0) <= nb.slo_s:
+        return True
+    return measured > nb.slo_s and c.p99_s <= 1.05 * ref.p99_s
 
 
 def plan_one_core(
@@ -175,16 +300,27 @@ def plan_one_core(
     slo_s: float,
     candidates: Sequence[TuningParams],
     *,
+    neighbours: Sequence[Neighbour] = (),
+    incumbent: TuningParams | None = None,
     service_sigma: float = 0.0,
     items: int = CLOSED_ITEMS,
     seed: int = 0,
 ) -> Plan:
     """The pick of `batch_planner.plan_closed` (the most items/s within the SLO, delays refined between
-    the grid's) under the one-core model."""
+    the grid's; beside neighbours, the best joint score holding every SLO) under the one-core model."""
 
     def predict(batch: Sequence[TuningParams]) -> list[CandidatePrediction]:
         return predict_one_core(
-            batch, fit, clients, frontend_s, client_s, service_sigma=service_sigma, items=items, seed=seed
+            batch,
+            fit,
+            clients,
+            frontend_s,
+            client_s,
+            neighbours=neighbours,
+            incumbent=incumbent,
+            service_sigma=service_sigma,
+            items=items,
+            seed=seed,
         )
 
     return refined_plan(predict, candidates, slo_s)

@@ -13,7 +13,7 @@ from typing import Literal
 
 from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
 from batchpilot.runtime.batch_planner import Plan, plan, plan_closed
-from batchpilot.runtime.one_core_planner import calibrate_client_time, plan_one_core
+from batchpilot.runtime.one_core_planner import Neighbour, calibrate_client_time, plan_one_core
 
 __all__ = ["PlanJob", "Solved", "solve"]
 
@@ -23,7 +23,8 @@ class PlanJob:
     """One plan over `grid` for the load as measured. `kind`: "open" (a given arrival rate), "closed" (a
     population of clients, `think_s` outside the server per round trip) or "one-core" (closed, with the
     front-ends taking `frontend_s` of the executor's core per request; the clients' own time is first
-    calibrated so that the model reproduces the measured `think_s` at `incumbent`)."""
+    calibrated so that the model reproduces the measured `think_s` at `incumbent`), beside the other models'
+    closed loops on the same core (`neighbours`, each at its own setting in force)."""
 
     kind: Literal["open", "closed", "one-core"]
     fit: LatencyFit  # wall time d(n); on one core the executor's CPU time
@@ -36,6 +37,7 @@ class PlanJob:
     think_s: float = math.inf
     frontend_s: float = 0.0
     incumbent: TuningParams | None = None
+    neighbours: tuple[Neighbour, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,27 @@ def solve(job: PlanJob) -> Solved:
         p = plan_closed(job.fit, job.clients, job.think_s, job.slo_s, grid, service_sigma=sigma, items=job.items)
         return Solved(p, job.think_s)
     assert job.incumbent is not None, "a one-core plan calibrates at the setting in force"
+    beside = job.neighbours
     client_s = calibrate_client_time(
-        job.incumbent, job.fit, job.clients, job.frontend_s, job.think_s, service_sigma=sigma, items=job.items
+        job.incumbent,
+        job.fit,
+        job.clients,
+        job.frontend_s,
+        job.think_s,
+        neighbours=beside,
+        service_sigma=sigma,
+        items=job.items,
     )
     p = plan_one_core(
-        job.fit, job.clients, job.frontend_s, client_s, job.slo_s, grid, service_sigma=sigma, items=job.items
+        job.fit,
+        job.clients,
+        job.frontend_s,
+        client_s,
+        job.slo_s,
+        grid,
+        neighbours=beside,
+        incumbent=job.incumbent,
+        service_sigma=sigma,
+        items=job.items,
     )
     return Solved(p, client_s)

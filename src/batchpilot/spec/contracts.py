@@ -53,6 +53,7 @@ class PlanState(_Wire):
     think_ms: float | None = None  # closed loop: a client's time outside the server per round trip
     frontend_cpu_ms: float | None = None  # one core: front-end CPU per item (beyond every executor), charged
     background_cpu: float | None = None  # one core: share of the core other models took, left out of this one's
+    planned_beside: list[str] = []  # one core: the other models whose closed loops the plan simulated with this one
     feasible: bool
     predicted_items_per_s: float | None = None
     predicted_p99_ms: float | None = None

@@ -17,6 +17,7 @@ from dataclasses import replace
 from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
 from batchpilot.runtime.batching.cpu_ledger import CpuLedger, shared_ledger
 from batchpilot.runtime.batching.executor import BatchTimings
+from batchpilot.runtime.batching.neighbour_board import NeighbourBoard, shared_board
 from batchpilot.runtime.batching.observers import BatchObserver, Finished
 from batchpilot.runtime.batching.request import Pending
 from batchpilot.runtime.plan_jobs import PlanJob, Solved
@@ -72,13 +73,17 @@ class AutoTuner(StaticTuner):
         cpu_clock: Callable[[], float] = time.process_time,
         worker: PlanWorker | None = None,
         ledger: CpuLedger | None = None,
+        board: NeighbourBoard | None = None,
     ) -> None:
         super().__init__(spec, params, ledger)
+        self.board = board or NeighbourBoard()  # the other autotuned models of the process, for joint plans
         self.clock = clock
         self.cpu_clock = cpu_clock  # the whole process's CPU time: front-ends and every model's executor
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
         self.worker = worker
-        self.autotuner = Autotuner(spec.autotune, _clamp(params, spec), cores=cores, inline_plans=worker is None)
+        self.autotuner = Autotuner(
+            spec.autotune, _clamp(params, spec), cores=cores, inline_plans=worker is None, name=spec.name
+        )
         self._asked: tuple[PlanJob, float] | None = None  # the plan handed to the worker, and when
 
     # -- observer events ---------------------------------------------------------------------------
@@ -118,7 +123,9 @@ class AutoTuner(StaticTuner):
         now = self.clock()
         others_exec_s, others_items = self.cpu.others()
         self.autotuner.record_cpu(self.cpu_clock(), now, others_exec_s=others_exec_s, others_items=others_items)
+        self.autotuner.set_neighbours(self.board.others(self.spec.name, now))
         decision = self.autotuner.step(now)
+        self.board.publish(self.spec.name, self.autotuner.neighbour(), now)
         self._hand_out_plan(now)
         if decision is not None:
             old, self.params = self.params, decision.params
@@ -188,6 +195,7 @@ def make_tuner(spec: ModelSpec, batching: bool) -> StaticTuner:
         TuningParams(static.max_batch_size, static.max_queue_delay_s, waste),
         worker=shared_worker(),
         ledger=shared_ledger(),
+        board=shared_board(),
     )
 
 
