@@ -157,12 +157,32 @@ class AutoTuner(StaticTuner):
             return
         if self._asked is None or self._asked[0] is not job:
             self._asked = (job, now)
+            log.info(
+                json.dumps(
+                    {
+                        "event": "plan-asked",
+                        "model": self.spec.name,
+                        "kind": job.kind,
+                        "clients": job.clients,
+                        "beside": [n.name for n in job.neighbours],
+                    }
+                )
+            )
             self.worker.submit(job, self._plan_answered)
         elif now - self._asked[1] > PLAN_TIMEOUT_S:
             log.warning("model %s: a plan took over %.0f s, given up", self.spec.name, PLAN_TIMEOUT_S)
             self.autotuner.plan_solved(job, None, now)
 
     def _plan_answered(self, job: PlanJob, solved: Solved | None) -> None:
+        log.info(
+            json.dumps(
+                {
+                    "event": "plan-answered",
+                    "model": self.spec.name,
+                    "after_s": round(self.clock() - self._asked[1], 2) if self._asked else None,
+                }
+            )
+        )
         self.autotuner.plan_solved(job, solved, self.clock())
 
     @property
