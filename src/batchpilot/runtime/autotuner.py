@@ -506,8 +506,10 @@ class Autotuner:
         slo = self._slo_s * TRIAL_MARGIN
         if w.closed and w.clients > MAX_CLIENTS:  # so many sources act as an open loop
             w = replace(w, closed=False)
-        items = max(PLAN_ITEMS, 4 * w.clients)
         beside = self._neighbours if w.closed else ()
+        # A plan beside other models simulates their loops too: half the items keeps it about as long (live,
+        # 0.9-1.2 s of the worker's CPU with all of them, answered 14-20 s late on a busy core).
+        items = max(PLAN_ITEMS // 2 if beside else PLAN_ITEMS, 4 * w.clients)
         one_core = self._one_core(m, beside)
         if not (w.closed and one_core is not None):
             self._calibrated, beside = None, ()
