@@ -25,8 +25,8 @@ a growing open-loop queue, or no fit over several sizes backs off multiplicative
 minimum, else the batch size doubles when the executor is the bottleneck or halves when the batches are).
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
-core) are simulated beside this model, and a plan then maximises their items/s with this model's while every
-SLO holds; the share of the others not so described stretches this model's work instead.
+core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
+of the others not so described stretches this model's work instead.
 Plans are data (`plan_jobs.PlanJob`): solved inside `step` (`inline_plans`, the tests and the
 simulator) or handed to the caller, who solves them off the event loop and returns the answer. When a delay would
 gather less than one companion for a batch's first request and no plan chose it, the delay goes to its
@@ -507,8 +507,8 @@ class Autotuner:
         if w.closed and w.clients > MAX_CLIENTS:  # so many sources act as an open loop
             w = replace(w, closed=False)
         beside = self._neighbours if w.closed else ()
-        # A plan beside other models simulates their loops too: half the items keeps it about as long (live,
-        # 0.9-1.2 s of the worker's CPU with all of them, answered 14-20 s late on a busy core).
+        # A plan beside other models simulates their loops too: half this model's items keep its CPU to
+        # 0.3-0.7 s (with all of them, up to 1.4 s, answered 14-20 s late on a busy core when measured live).
         items = max(PLAN_ITEMS // 2 if beside else PLAN_ITEMS, 4 * w.clients)
         one_core = self._one_core(m, beside)
         if not (w.closed and one_core is not None):
@@ -570,21 +570,20 @@ class Autotuner:
         ]
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
-            best = min(options, key=lambda c: (c.p99_s, -c.value), default=None)
+            best = min(options, key=lambda c: (c.p99_s, -c.items_per_s), default=None)
             return best if best is not None and best.p99_s < (1 - TAIL_GAIN) * here.p99_s else None
-        # The most items/s (beside other models on the core: the joint score, every SLO held).
-        top = max(c.value for c in meeting)
+        top = max(c.items_per_s for c in meeting)
         best = min(
-            (c for c in meeting if c.value >= 0.99 * top),
+            (c for c in meeting if c.items_per_s >= 0.99 * top),
             key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size),
         )
         if w.closed:
             best = with_margin(best, meeting, slo)
         if not here.meets(self._slo_s):  # the incumbent is predicted to break the SLO itself
             return best
-        if best.value > (1 + GAIN) * here.value:
+        if best.items_per_s > (1 + GAIN) * here.items_per_s:
             return best
-        if best.value >= (1 - GAIN) * here.value and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
+        if best.items_per_s >= (1 - GAIN) * here.items_per_s and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
             return best
         return None
 
@@ -837,7 +836,6 @@ def _predicted(c: CandidatePrediction, w: Workload) -> dict[str, Any]:
         "think_ms": round(w.think_s * 1e3, 3) if math.isfinite(w.think_s) else None,
         "predicted_items_per_s": round(c.items_per_s, 2),
         "predicted_p99_ms": _ms(c.p99_s),
-        **({"predicted_joint_score": round(c.score, 2)} if c.score is not None else {}),
     }
 
 

@@ -79,15 +79,7 @@ class CandidatePrediction:
     mean_batch: float  # items per batch
     utilization: float  # executor busy share
     stable: bool
-    # Planned beside other models on one core (`one_core_planner`): the joint figure a pick maximises instead
-    # of `items_per_s`, and whether every other model keeps its SLO beside this setting.
-    score: float | None = None
-    others_ok: bool = True
-
-    @property
-    def value(self) -> float:
-        """What a pick maximises: the items/s, or beside other models the joint score."""
-        return self.items_per_s if self.score is None else self.score
+    others_ok: bool = True  # planned beside other models on one core: every one keeps its SLO beside this
 
     def meets(self, slo_s: float) -> bool:
         return self.stable and self.p99_s <= slo_s and self.others_ok
@@ -395,7 +387,7 @@ def with_margin(best: CandidatePrediction, preds: Sequence[CandidatePrediction],
         if c.params.max_batch_size == best.params.max_batch_size
         and best.params.max_queue_delay_s < c.params.max_queue_delay_s <= cap
         and c.meets(slo_s)
-        and c.value >= 0.99 * best.value
+        and c.items_per_s >= 0.99 * best.items_per_s
         and c.p99_s <= 1.05 * best.p99_s + 0.0005
     ]
     return max(same, key=lambda c: c.params.max_queue_delay_s, default=best)
@@ -453,9 +445,9 @@ def pick_closed(preds: Sequence[CandidatePrediction], slo_s: float) -> tuple[Can
     such: the lowest p99. Returns (pick, whether it meets the SLO)."""
     meeting = [c for c in preds if c.meets(slo_s)]
     if not meeting:
-        return min(preds, key=lambda c: (c.p99_s, -c.value)), False
-    top = max(c.value for c in meeting)
-    near = [c for c in meeting if c.value >= 0.99 * top]
+        return min(preds, key=lambda c: (c.p99_s, -c.items_per_s)), False
+    top = max(c.items_per_s for c in meeting)
+    near = [c for c in meeting if c.items_per_s >= 0.99 * top]
     return min(near, key=lambda c: (c.p99_s, c.params.max_queue_delay_s, c.params.max_batch_size)), True
 
 
