@@ -139,6 +139,7 @@ class Autotuner:
         # item, the clients' own time (what `neighbour` publishes), and the share of the core it took.
         self._calibrated: tuple[LatencyFit, int, float, float] | None = None
         self._own_cpu = 0.0
+        self._others_trying = False  # another model on the core has a trial in force
         self._inline = inline_plans
         self._outstanding: _Outstanding | None = None
         self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
@@ -222,9 +223,18 @@ class Autotuner:
         """Admitted items left without being executed (queue timeout, cancel, failed batch)."""
         self._in_server = max(0, self._in_server - n_items)
 
-    def set_neighbours(self, neighbours: Sequence[Neighbour]) -> None:
-        """The other models on this core as their tuners last published them (`neighbour`)."""
+    def set_neighbours(self, neighbours: Sequence[Neighbour], *, others_trying: bool = False) -> None:
+        """The other models on this core as their tuners last published them (`neighbour`); `others_trying`:
+        one of them has a trial in force (`trying`). Meanwhile this tuner starts none and does not act on an
+        SLO break short of a severe one: the other's trial moves this model's figures (live, two models that
+        tried settings at once each read the other's trial as its own loss or break)."""
         self._neighbours = tuple(neighbours)
+        self._others_trying = others_trying
+
+    @property
+    def trying(self) -> bool:
+        """A setting not yet confirmed is in force (a planned trial or a probe)."""
+        return self._params != self._incumbent
 
     def neighbour(self) -> Neighbour | None:
         """This model as the others on its core should plan beside it: a closed loop, once a one-core plan has
@@ -371,6 +381,8 @@ class Autotuner:
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial or not self._feasible:
             return None  # both miss: the trial is judged on p99 at its end; or a lost cause
+        if self._others_trying and not self._severe(m):
+            return None  # another model's trial may be the cause: judged once it is over
         if m.items_per_s > DRAINING * m.arrival_rate:
             # A backlog (a burst, an earlier setting's queue) is draining: its answers break the SLO whatever
             # the setting, and a change now only costs pace (live: 3x open-loop step, re-plans every second
@@ -430,6 +442,9 @@ class Autotuner:
         w = read_workload(m)
         if not w.closed and self._in_server / max(m.items_per_s, 1e-9) > self._slo_s:
             self._new_epoch(now)  # an open loop's queue is long: no trial now, measure again
+            return None
+        if self._others_trying:
+            self._new_epoch(now)  # another model on the core tries a setting: one trial at a time
             return None
         fit = self._fit()
         if fit is not None and fit.one_size and not self._probed and m.arrival_rate > 0:

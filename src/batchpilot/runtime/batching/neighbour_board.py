@@ -16,17 +16,27 @@ class NeighbourBoard:
 
     def __init__(self) -> None:
         self._latest: dict[str, tuple[Neighbour, float]] = {}
+        self._trying: dict[str, float] = {}  # models with a trial in force, and when they said so
 
-    def publish(self, name: str, described: Neighbour | None, now: float) -> None:
-        """`described`: the model as it runs now; None withdraws it (not a closed loop on one core)."""
+    def publish(self, name: str, described: Neighbour | None, now: float, *, trying: bool = False) -> None:
+        """`described`: the model as it runs now; None withdraws it (not a closed loop on one core).
+        `trying`: it has a trial in force (the others then hold theirs)."""
         if described is None:
             self._latest.pop(name, None)
         else:
             self._latest[name] = (described, now)
+        if trying:
+            self._trying[name] = now
+        else:
+            self._trying.pop(name, None)
 
     def others(self, name: str, now: float) -> list[Neighbour]:
         """Every other model's fresh description, in name order."""
         return [n for key, (n, at) in sorted(self._latest.items()) if key != name and now - at <= FRESH_S]
+
+    def others_trying(self, name: str, now: float) -> bool:
+        """Does another model have a trial in force (said so within FRESH_S)?"""
+        return any(key != name and now - at <= FRESH_S for key, at in self._trying.items())
 
 
 _SHARED = NeighbourBoard()

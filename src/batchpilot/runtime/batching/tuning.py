@@ -123,9 +123,10 @@ class AutoTuner(StaticTuner):
         now = self.clock()
         others_exec_s, others_items = self.cpu.others()
         self.autotuner.record_cpu(self.cpu_clock(), now, others_exec_s=others_exec_s, others_items=others_items)
-        self.autotuner.set_neighbours(self.board.others(self.spec.name, now))
+        name = self.spec.name
+        self.autotuner.set_neighbours(self.board.others(name, now), others_trying=self.board.others_trying(name, now))
         decision = self.autotuner.step(now)
-        self.board.publish(self.spec.name, self.autotuner.neighbour(), now)
+        self.board.publish(name, self.autotuner.neighbour(), now, trying=self.autotuner.trying)
         self._hand_out_plan(now)
         if decision is not None:
             old, self.params = self.params, decision.params
