@@ -450,6 +450,19 @@ def test_on_one_core_a_tuner_publishes_its_loop_and_plans_beside_the_others() ->
     assert alone.plan_job is not None and alone.plan_job.frontend_s == pytest.approx(0.5e-3, rel=0.05)
 
 
+def test_while_another_model_tries_a_setting_this_one_holds_its_own() -> None:
+    """One trial at a time on a shared core: with a neighbour's trial in force the tuner starts no probe or
+    plan of its own; once it is over, the search goes on."""
+    tuner = Autotuner(spec(50), COLD)
+    tuner.set_neighbours([], others_trying=True)
+    sim = BatcherSim(CPU, ClosedLoop(32, think_s=0.001), COLD, seed=1, tuner=tuner)
+    sim.run_until(10.0)
+    assert not [d for _, d in sim.decisions if d.changed]
+    tuner.set_neighbours([], others_trying=False)
+    sim.run_until(20.0)
+    assert [d for _, d in sim.decisions if d.changed]
+
+
 def test_a_violation_is_answered_by_a_re_plan_not_a_backoff() -> None:
     """With a fit over several sizes, an SLO break is re-planned with the measured tail; the pick holds."""
     load = ClosedLoop(32, think_s=0.002)
