@@ -146,7 +146,7 @@ def test_infeasible_under_too_much_load_minimises_p99() -> None:
 def test_one_client_alone_sees_no_batching_latency() -> None:
     sim, tuner = tuned(CPU, ClosedLoop(1, think_s=0.001), 20.0)
     assert tuner.params.max_queue_delay_s == 0.0
-    assert sim.decisions[0][1].reason == "low-load" and sim.decisions[0][0] <= 0.5
+    assert sim.decisions[0][1].reason == "low-load" and sim.decisions[0][0] <= FIRST_LOOK_S + 0.5
     alone = BatcherSim(CPU, ClosedLoop(1, think_s=0.001), TuningParams(1, 0.0), seed=1)
     alone.run_until(20.0)
     assert sim.stats(0.0, 20.0).mean_s <= 1.1 * alone.stats(0.0, 20.0).mean_s + 0.001
@@ -159,7 +159,7 @@ def test_a_trickle_of_requests_stops_the_waiting() -> None:
 
 
 def test_a_fresh_servers_first_moments_are_not_taken_for_a_trickle() -> None:
-    """Clients still connecting look like a trickle: the low-load rule waits FIRST_LOOK_S before it judges."""
+    """Clients still connecting look like a trickle: a fresh server's first epoch counts from FIRST_LOOK_S on."""
     tuner = Autotuner(spec(50), TuningParams(16, 0.002))
     decisions = []
     for i in range(100):  # one request at a time, 10 ms apart, each alone in its batch

@@ -69,7 +69,7 @@ MIN_ANSWERS = 100  # answers behind a p99 worth comparing
 SETTLE_S = (0.25, 2.0)  # after a change, data is counted from 3 x p99 later, within these bounds
 TRIAL_MARGIN = 0.9  # a trial must keep its p99 under this share of the SLO
 CHANGE_TRIGGER = 0.3  # relative change of arrival rate or mean latency that reopens the search
-FIRST_LOOK_S = 0.5  # a fresh server's load is not judged a trickle before this long
+FIRST_LOOK_S = 0.5  # a fresh server's first epoch counts from this long on (its warm-up is not judged)
 LOW_LOAD_COMPANY = 0.5  # expected companions within the delay under which an unplanned delay drops
 FIT_PER_SIZE = 32  # latest batches of each size behind the fit...
 FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
@@ -354,10 +354,6 @@ class Autotuner:
         unless a plan chose this delay knowing the load."""
         delay = self._params.max_queue_delay_s
         if delay <= self._lo_d or epoch.items_arrived < 20 or self._params == self._planned:
-            return None
-        if self._epoch_count <= 1 and now - epoch.settled_at < FIRST_LOOK_S:
-            # A fresh server's first moments read as a trickle while the clients connect (live: 2 clients read
-            # as 168/s in the first 0.25 s, the delay that paired them dropped, 0.92x the best static setting).
             return None
         rate = epoch.items_arrived / max(now - epoch.settled_at, 1e-9)
         company = _company(rate, epoch.accompanied / epoch.items_arrived, delay)
@@ -823,7 +819,10 @@ class Autotuner:
 
     def _epoch_at(self, now: float) -> Epoch:
         if self._epoch is None:
-            self._new_epoch(now, settle=0.0)
+            # A fresh server's first moments are its warm-up, measured from FIRST_LOOK_S on: clients still
+            # connecting read as a trickle (live: 2 clients read as 168/s in the first 0.25 s, the delay that paired
+            # them dropped, 0.92x the best static setting), and first calls (the model specialising) break the SLO.
+            self._new_epoch(now, settle=FIRST_LOOK_S, fresh=True)
         assert self._epoch is not None
         return self._epoch
 
