@@ -135,8 +135,8 @@ class Autotuner:
         self._name = name
         self._neighbours: tuple[Neighbour, ...] = ()  # the other models on this core, as they published
         self._planned_beside: dict[str, TuningParams] = {}  # their settings when the last plan was made
-        # This model's closed loop as the last one-core plan calibrated it: CPU fit, clients, front-end CPU per
-        # item, the clients' own time (what `neighbour` publishes), and the share of the core it took.
+        # This model's closed loop as the last one-core plan calibrated it (what `neighbour` publishes): CPU fit,
+        # clients, front-end CPU per item, the clients' own time; and the share of the core it took then.
         self._calibrated: tuple[LatencyFit, int, float, float] | None = None
         self._own_cpu = 0.0
         self._others_trying = False  # another model on the core has a trial in force
