@@ -8,7 +8,8 @@ from batchpilot.runtime.autotune_model import LatencyFit, TuningParams
 from batchpilot.runtime.batch_planner import Draws, candidate_grid, closed_candidates, predict_closed
 from batchpilot.runtime.one_core_planner import (
     Neighbour,
-    _simulate,
+    _Lane,
+    _simulate_lanes,
     calibrate_client_time,
     plan_one_core,
     predict_one_core,
@@ -42,7 +43,8 @@ def test_gathering_the_population_wins_when_the_front_end_turns_requests_around_
 def test_calibration_reproduces_the_time_measured_outside() -> None:
     incumbent = TuningParams(8, 0.002)
     client = calibrate_client_time(incumbent, CPU, 16, 0.3e-3, 0.020)
-    _, outside = _simulate(incumbent, CPU, 16, 0.3e-3, Draws(1500, 0.0, 0).times(client), None)
+    [alone] = _simulate_lanes([_Lane(incumbent, CPU, 16, 0.3e-3, Draws(1500, 0.0, 0).times(client))], None)
+    outside = alone.outside_s
     assert 0.0 < client < 0.020  # part of the time outside is the front-end's, and waiting for the core
     assert outside == pytest.approx(0.020, rel=0.05)
 
@@ -56,7 +58,9 @@ def test_a_delay_that_gathers_the_clients_only_on_a_knife_edge_is_not_credited()
     knife, full = TuningParams(16, 0.002), TuningParams(8, 0.0045)
     nominal = {
         c.params: c
-        for c in closed_candidates([knife, full], 8, lambda p: _simulate(p, fit, 8, 0.27e-3, [0.0] * 2000, None)[0])
+        for c in closed_candidates(
+            [knife, full], 8, lambda p: _simulate_lanes([_Lane(p, fit, 8, 0.27e-3, [0.0] * 2000)], None)[0].prediction
+        )
     }
     robust = {c.params: c for c in predict_one_core([knife, full], fit, 8, 0.27e-3, 0.0, items=2000)}
     assert nominal[knife].items_per_s >= 0.97 * nominal[full].items_per_s  # the knife edge, at face value

@@ -111,6 +111,7 @@ class _Outstanding:
     measurement: Measurement  # the incumbent's, when the plan was asked for
     incumbent: TuningParams
     violation: bool  # asked for because the incumbent broke the SLO
+    costs: tuple[LatencyFit, float] | None = None  # a one-core plan's CPU fit and front-end CPU, unstretched
 
 
 class Autotuner:
@@ -135,10 +136,8 @@ class Autotuner:
         self._name = name
         self._neighbours: tuple[Neighbour, ...] = ()  # the other models on this core, as they published
         self._planned_beside: dict[str, TuningParams] = {}  # their settings when the last plan was made
-        # This model's closed loop as the last one-core plan calibrated it (what `neighbour` publishes): CPU fit,
-        # clients, front-end CPU per item, the clients' own time; and the share of the core it took then.
-        self._calibrated: tuple[LatencyFit, int, float, float] | None = None
-        self._own_cpu = 0.0
+        # This model's closed loop as the last one-core plan calibrated it (`neighbour` publishes it as it runs).
+        self._calibrated: Neighbour | None = None
         self._others_trying = False  # another model on the core has a trial in force
         self._inline = inline_plans
         self._outstanding: _Outstanding | None = None
@@ -239,20 +238,15 @@ class Autotuner:
     def neighbour(self) -> Neighbour | None:
         """This model as the others on its core should plan beside it: a closed loop, once a one-core plan has
         calibrated its clients' time (None before, or when its load is not one)."""
-        if self._calibrated is None:
+        base = self._calibrated
+        if base is None:
             return None
-        fit, clients, frontend_s, client_s = self._calibrated
         m = self._inc_meas if self._inc_meas is not None and self._inc_meas.params == self._params else None
-        return Neighbour(
-            name=self._name,
+        return replace(
+            base,
             params=replace(self._params, max_padding_waste=None),
-            fit=fit,
-            clients=clients,
-            frontend_s=frontend_s,
-            client_s=client_s,
-            slo_s=self._slo_s * TRIAL_MARGIN,
             p99_s=m.p99_s if m is not None and math.isfinite(m.p99_s) else None,
-            core_share=m.own_cpu if m is not None else self._own_cpu,
+            core_share=m.own_cpu if m is not None else base.core_share,
         )
 
     # -- control ------------------------------------------------------------------------------
@@ -477,11 +471,13 @@ class Autotuner:
         m = out.measurement
         w = out.workload if solved is None else replace(out.workload, think_s=solved.think_s)
         pick = self._pick(out, solved, w) if solved is not None else None
-        if solved is not None and out.job.kind == "one-core":
-            cpu_fit = self._fit(cpu=True)
-            f = m.frontend_cpu_s
-            if cpu_fit is not None and f is not None:
-                self._calibrated = (cpu_fit, out.job.clients, f, solved.think_s)
+        if solved is not None and out.job.kind == "one-core" and out.costs is not None:
+            cpu_fit, f = out.costs
+            inc = replace(out.incumbent, max_padding_waste=None)
+            slo = self._slo_s * TRIAL_MARGIN
+            self._calibrated = Neighbour(
+                self._name, inc, cpu_fit, out.job.clients, f, solved.think_s, slo, None, m.own_cpu
+            )
         if out.violation:
             if pick is None and self._strike != self._incumbent and not self._severe(m):
                 # Nothing predicted to do better: a first break (a stall, another process's burst) is
@@ -521,12 +517,12 @@ class Autotuner:
         # A plan beside other models simulates their loops too: half this model's items keep its CPU to
         # 0.3-0.7 s (with all of them, up to 1.4 s, answered 14-20 s late on a busy core when measured live).
         items = max(PLAN_ITEMS // 2 if beside else PLAN_ITEMS, 4 * w.clients)
-        one_core = self._one_core(m, beside)
+        costs = self._cpu_costs(m)
+        one_core = None if costs is None else _stretched(costs, self._unsimulated_share(m, beside))
         if not (w.closed and one_core is not None):
             self._calibrated, beside = None, ()
         self._charged = m.frontend_cpu_s if one_core else None
         self._background = m.background_cpu if one_core else 0.0
-        self._own_cpu = m.own_cpu
         self._planned_beside = {nb.name: nb.params for nb in beside}
         common: dict[str, Any] = {"grid": tuple(grid), "slo_s": slo, "service_sigma": sigma}
         if w.closed and one_core is not None:
@@ -549,7 +545,7 @@ class Autotuner:
                 cpu_fit, f = one_core
                 fit = LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
             job = PlanJob("open", fit, **common, items=PLAN_ITEMS, arrival_rate=w.arrival_rate)
-        return _Outstanding(job, fit, w, m, self._incumbent, violation)
+        return _Outstanding(job, fit, w, m, self._incumbent, violation, costs)
 
     def _pick(self, out: _Outstanding, solved: Solved, w: Workload) -> CandidatePrediction | None:
         """The plan's best setting for the load `w` (as the plan assumed it), if it promises more than the
@@ -631,18 +627,19 @@ class Autotuner:
             "predicted_items_per_batch": round(pad.items_per_batch[w], 2),
         }
 
-    def _one_core(self, m: Measurement, beside: Sequence[Neighbour] = ()) -> tuple[LatencyFit, float] | None:
+    def _cpu_costs(self, m: Measurement) -> tuple[LatencyFit, float] | None:
         """On one core the executor and the front-ends share it (`one_core_planner`): the executor's CPU fit
-        d(n) and the front-end CPU per item, both stretched by the share of the core other models took that
-        the plan does not simulate `beside` this one (time-sliced: this model has the rest of the core); None
-        on several cores or before both are measured."""
+        d(n) and the front-end CPU per item; None on several cores or before both are measured."""
         f = m.frontend_cpu_s
         cpu_fit = self._fit(cpu=True)
         if self._cores != 1 or f is None or cpu_fit is None or cpu_fit.one_size:
             return None
-        rest = m.background_cpu - sum(nb.core_share for nb in beside)
-        stretch = 1.0 / (1.0 - min(max(rest, 0.0), MAX_BACKGROUND))
-        return LatencyFit(cpu_fit.a_s * stretch, cpu_fit.b_s * stretch), f * stretch
+        return cpu_fit, f
+
+    @staticmethod
+    def _unsimulated_share(m: Measurement, beside: Sequence[Neighbour]) -> float:
+        """The share of the core other models took that the plan does not simulate `beside` this one."""
+        return min(max(m.background_cpu - sum(nb.core_share for nb in beside), 0.0), MAX_BACKGROUND)
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
@@ -840,6 +837,13 @@ class Autotuner:
         elapsed = now - epoch.settled_at
         enough = len(epoch.latencies) >= MIN_ANSWERS
         return (elapsed >= MEASURE_S and enough) or (elapsed >= MAX_MEASURE_S and len(epoch.latencies) >= 10)
+
+
+def _stretched(costs: tuple[LatencyFit, float], share: float) -> tuple[LatencyFit, float]:
+    """CPU costs on what `share` of the core taken by others leaves (time-sliced: the work takes 1 / (1 - share)
+    as long)."""
+    (fit, f), stretch = costs, 1.0 / (1.0 - share)
+    return LatencyFit(fit.a_s * stretch, fit.b_s * stretch), f * stretch
 
 
 def _predicted(c: CandidatePrediction, w: Workload) -> dict[str, Any]:

@@ -88,20 +88,6 @@ class _Outcome:
     outside_s: float  # mean time per round trip outside the queue (client, front-end, waiting for the core)
 
 
-def _simulate(
-    params: TuningParams,
-    fit: LatencyFit,
-    clients: int,
-    frontend_s: float,
-    client: Sequence[float],
-    noise: Sequence[float] | None,
-) -> tuple[CandidatePrediction, float]:
-    """One setting alone on one core: the prediction, and the mean time a request spends outside the queue
-    (client, front-end and waiting for the core) per round trip."""
-    own = _simulate_lanes([_Lane(params, fit, clients, frontend_s, client)], noise)[0]
-    return own.prediction, own.outside_s
-
-
 def _simulate_lanes(lanes: Sequence[_Lane], noise: Sequence[float] | None) -> list[_Outcome]:
     """Every lane's closed loop on the one core, until the first lane has had all its draws answered. The
     core takes turns (see the module's doc): it runs the batch due first, or else turns around the request

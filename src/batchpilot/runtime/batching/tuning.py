@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
 from batchpilot.runtime.batching.cpu_ledger import CpuLedger, shared_ledger
@@ -130,25 +131,14 @@ class AutoTuner(StaticTuner):
         self._hand_out_plan(now)
         if decision is not None:
             old, self.params = self.params, decision.params
-            log.info(
-                json.dumps(
-                    {
-                        "event": "autotune",
-                        "model": self.spec.name,
-                        "reason": decision.reason,
-                        "max_batch_size": [old.max_batch_size, decision.params.max_batch_size],
-                        "max_queue_delay_us": [
-                            round(old.max_queue_delay_s * 1e6),
-                            round(decision.params.max_queue_delay_s * 1e6),
-                        ],
-                        **(
-                            {"max_padding_waste": [old.max_padding_waste, decision.params.max_padding_waste]}
-                            if decision.params.max_padding_waste is not None
-                            else {}
-                        ),
-                        **{k: v for k, v in decision.detail.items() if isinstance(v, (int, float, str, bool))},
-                    }
-                )
+            waste = decision.params.max_padding_waste
+            self._log(
+                "autotune",
+                reason=decision.reason,
+                max_batch_size=[old.max_batch_size, decision.params.max_batch_size],
+                max_queue_delay_us=[round(old.max_queue_delay_s * 1e6), round(decision.params.max_queue_delay_s * 1e6)],
+                **({"max_padding_waste": [old.max_padding_waste, waste]} if waste is not None else {}),
+                **{k: v for k, v in decision.detail.items() if isinstance(v, (int, float, str, bool))},
             )
         return decision
 
@@ -158,33 +148,20 @@ class AutoTuner(StaticTuner):
             return
         if self._asked is None or self._asked[0] is not job:
             self._asked = (job, now)
-            log.info(
-                json.dumps(
-                    {
-                        "event": "plan-asked",
-                        "model": self.spec.name,
-                        "kind": job.kind,
-                        "clients": job.clients,
-                        "beside": [n.name for n in job.neighbours],
-                    }
-                )
-            )
+            self._log("plan-asked", kind=job.kind, clients=job.clients, beside=[n.name for n in job.neighbours])
             self.worker.submit(job, self._plan_answered)
         elif now - self._asked[1] > PLAN_TIMEOUT_S:
             log.warning("model %s: a plan took over %.0f s, given up", self.spec.name, PLAN_TIMEOUT_S)
             self.autotuner.plan_solved(job, None, now)
 
     def _plan_answered(self, job: PlanJob, solved: Solved | None) -> None:
-        log.info(
-            json.dumps(
-                {
-                    "event": "plan-answered",
-                    "model": self.spec.name,
-                    "after_s": round(self.clock() - self._asked[1], 2) if self._asked else None,
-                }
-            )
-        )
-        self.autotuner.plan_solved(job, solved, self.clock())
+        now = self.clock()
+        self._log("plan-answered", after_s=round(now - self._asked[1], 2) if self._asked else None)
+        self.autotuner.plan_solved(job, solved, now)
+
+    def _log(self, event: str, **fields: Any) -> None:
+        """One JSON log line about this model's tuning."""
+        log.info(json.dumps({"event": event, "model": self.spec.name, **fields}))
 
     @property
     def slo_feasible(self) -> bool:
