@@ -133,6 +133,8 @@ def main() -> int:
     ).encode()
     v1_json = json.dumps({"instances": values.tolist()}, separators=(",", ":")).encode()
     binary_body, binary_headers = v2_binary_body("image", "FP32", image, ["logits"])
+    tokens = rng.integers(1, 1000, size=(1, 36), dtype=np.int64)  # the runtime benchmark's 36-token sequence
+    text_body, text_headers = v2_binary_body("input_ids", "INT64", tokens, ["logits", "token_scores"])
     trivial = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.5, 1.5, 2.5, 3.5]}]})
     json_headers = {"Content-Type": "application/json"}
     cases = [
@@ -140,6 +142,7 @@ def main() -> int:
         ("REST v2 JSON", "resnet-mini", "/v2/models/resnet-mini/infer", image_json, json_headers),
         ("REST v1 JSON", "resnet-mini", "/v1/models/resnet-mini:predict", v1_json, json_headers),
         ("gRPC raw", "resnet-mini", None, b"", {}),
+        ("textcls REST v2 binary", "textcls", "/v2/models/textcls/infer", text_body, text_headers),
         ("trivial REST v2 JSON", "trivial", "/v2/models/trivial/infer", trivial.encode(), json_headers),
     ]
     only = {s.strip() for s in args.only.split(",") if s.strip()}

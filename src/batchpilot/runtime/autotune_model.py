@@ -189,6 +189,7 @@ class Epoch:
             p99_s=float(np.percentile(lat, 99)) if lat.size else math.inf,
             utilization=self.busy_s / duration,
             largest_batch=self.largest_batch,
+            mean_batch=self.items_done / self.batches if self.batches else 0.0,
             full_share=self.full_batches / self.batches if self.batches else 0.0,
             # The 98th percentile, not the maximum: clients that reconnect leave their abandoned requests
             # in the server for a moment, and one such moment must not double the population.
@@ -232,6 +233,7 @@ class Measurement:
     p99_s: float
     utilization: float
     largest_batch: int
+    mean_batch: float = 0.0  # items per batch
     full_share: float = 0.0  # share of batches that reached the size limit
     peak_in_server: int = 0
     frontend_cpu_s: float | None = None  # process CPU per item beyond the executors (every model's items)
