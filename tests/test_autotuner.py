@@ -615,7 +615,9 @@ def test_beside_another_model_on_a_saturated_core_no_setting_costs_more_cpu_per_
 
     tuner, kept = answer(0.45)
     assert kept is not None and (kept.reason, kept.detail.get("knob"), kept.changed) == ("slo-violation", "kept", False)
-    backoff = tuner._back_off(measured(0.45), now=13.0)
+    # The next break's epoch was cut short before two CPU readings: the shares last measured still hold.
+    unread = replace(measured(0.45), frontend_cpu_s=None, own_cpu=0.0, background_cpu=0.0)
+    backoff = tuner._back_off(unread, now=13.0)
     assert backoff is not None and backoff.params == longer
     _, alone = answer(0.0)
     assert alone is not None and alone.reason == "slo-violation" and alone.params == small

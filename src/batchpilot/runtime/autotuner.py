@@ -95,7 +95,7 @@ SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed 
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 BESIDE = 0.1  # share of the core other models take from which a model counts as sharing it...
 SATURATED = 0.85  # ...and share of it busy (every model) from which the core counts as saturated
-FRUGAL_BATCH = 0.95  # there, a setting may not be predicted to batch fewer items than this share of the incumbent's
+FULL = 0.95  # a frugal loop's batches hold this share of its clients (or its limit): full
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,7 @@ class Autotuner:
         self._workload: Workload | None = None
         self._charged: float | None = None  # front-end CPU per item the last plan charged (one core)
         self._background = 0.0  # share of the core other models took when the last plan was made (one core)
+        self._shares = (0.0, 0.0)  # the core's shares this model and the others took, as last measured
         self._pending: Decision | None = None
         self._epoch: Epoch | None = None
         self._in_server = 0  # items arrived and not yet executed
@@ -439,14 +440,25 @@ class Autotuner:
         from the others, so a setting that spends more per item (smaller batches, a delay that leaves before they
         fill) cannot serve this model faster without slowing them: with two demo models live, picks of 4 / 4 ms and
         backoffs to a delay of 0 from 16 / 2 ms held resnet-mini at p99 60-88 ms where 16 / 10 ms holds 43."""
-        busy = m.own_cpu + m.background_cpu
-        return self._cores == 1 and w.closed and m.background_cpu >= BESIDE and busy >= SATURATED
+        if m.frontend_cpu_s is not None:  # (an epoch cut short by a violation may hold no two CPU readings)
+            self._shares = (m.own_cpu, m.background_cpu)
+        own, others = self._shares
+        return self._cores == 1 and w.closed and others >= BESIDE and own + others >= SATURATED
+
+    def _no_emptier(self, p: TuningParams, m: Measurement) -> bool:
+        """Does `p` gather batches at least as full as the incumbent's (a limit no lower than the batches it ran,
+        a delay no shorter)? Read from the settings, not predicted: beside another model the plan's predictions
+        err both ways (measured: 25%), and its turn-taking model sees batches of one at a delay of 0."""
+        inc = self._incumbent
+        return p.max_batch_size >= min(inc.max_batch_size, m.largest_batch) and (
+            p.max_queue_delay_s >= inc.max_queue_delay_s
+        )
 
     def _fuller(self, m: Measurement, w: Workload) -> TuningParams | None:
         """The backoff of a frugal closed loop: the next longer delay while batches leave short of the clients
         (or the limit), else a doubled limit while full batches leave clients waiting."""
         p = self._params
-        if m.mean_batch < FRUGAL_BATCH * min(p.max_batch_size, w.clients):
+        if m.mean_batch < FULL * min(p.max_batch_size, w.clients):
             longer = next((d for d in self._ladder if d > p.max_queue_delay_s), None)
             return None if longer is None else replace(p, max_queue_delay_s=longer)
         if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size and self._backoff_dir >= 0:
@@ -606,7 +618,7 @@ class Autotuner:
             # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
             # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
             and (not out.violation or c.items_per_s >= KEEP_PACE * m.arrival_rate)
-            and (not frugal or c.mean_batch >= FRUGAL_BATCH * here.mean_batch)
+            and (not frugal or self._no_emptier(c.params, m))
         ]
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
