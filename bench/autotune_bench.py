@@ -799,14 +799,22 @@ def two_phase(
             t0 = time.perf_counter()
             pollers = {m: stack.enter_context(Poller(port, m, t0)) for m in MODELS}
             schedule = [(float(warm), c), (cfg.two_s, c)]
+            # Batches counted over the measured window: two closed loops on one core can settle into cohorts
+            # (16 clients in two alternating batches of 8) at the same setting, and the rate follows the cohorts.
+            counts: dict[str, tuple[int, int]] = {}
+            timer = threading.Timer(warm, read_counts, (port, counts))
+            timer.start()
             timelines = asyncio.run(both_models(port, schedule, cfg.client_encoding, t0))
+            timer.join()
             stack.close()  # the pollers stop before the final reads
             finals = {m: get_json(f"http://{HOST}:{port}/v2/models/{m}/batching") for m in MODELS}
+            batches = {m: mean_batch(counts.get(m, (0, 0)), batch_counts(port, m)) for m in MODELS}
         out[mode] = {}
         for m, t in zip(MODELS, timelines, strict=True):
             start = t.steps[-1][0]
             out[mode][m] = measured(t, start, t.end_s, slos[m]) | {
                 "setting": setting(finals[m]),
+                "mean_batch": batches[m],
                 "final": finals[m],
                 "polls": pollers[m].dump(),
                 "events": autotune_events(log, m) if mode == "autotuned" else [],
@@ -815,10 +823,25 @@ def two_phase(
             r = out[mode][m]
             print(
                 f"  two models, {mode}: {m} {r['rps']:.1f} req/s, p99 {r['p99_ms']:.1f} ms, "
-                f"{r['windows_in_slo']}/{r['windows']} windows within {slos[m]:g} ms, setting {r['setting']}",
+                f"{r['windows_in_slo']}/{r['windows']} windows within {slos[m]:g} ms, setting {r['setting']}, "
+                f"mean batch {r['mean_batch']:.1f}",
                 flush=True,
             )
     return out
+
+
+def batch_counts(port: int, model: str) -> tuple[int, int]:
+    """(items, executions) the model has run so far."""
+    s = get_json(f"http://{HOST}:{port}/v2/models/{model}/stats")["model_stats"][0]
+    return s["inference_count"], s["execution_count"]
+
+
+def read_counts(port: int, into: dict[str, tuple[int, int]]) -> None:
+    into.update({m: batch_counts(port, m) for m in MODELS})
+
+
+def mean_batch(start: tuple[int, int], end: tuple[int, int]) -> float:
+    return (end[0] - start[0]) / max(1, end[1] - start[1])
 
 
 async def both_models(port: int, schedule: list[tuple[float, int]], encoding: str, t0: float) -> list[Timeline]:
@@ -1220,6 +1243,7 @@ def two_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     m,
                     mode,
                     r["setting"] + (f" ({two['static_source'][m]})" if mode == "static" else " (final)"),
+                    f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-",
                     f"{r['rps']:.0f}",
                     fmt_ms(r["p99_ms"]),
                     f"{r['windows_in_slo']}/{r['windows']} = {r['windows_in_slo'] / max(1, r['windows']):.0%}",
@@ -1239,7 +1263,7 @@ def two_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         f"bodies, one client process) at the same time; {cfg['two_s']:g} s measured after {cfg['settle_s']} s "
         f"(autotuned) or {cfg['static_warm_s']} s (static). SLO attainment = the share of 1-s windows whose p99 is "
         "within the model's SLO.",
-        table(["model", "mode", "setting", "req/s", "p99 ms", "windows within SLO", "errors"], rows),
+        table(["model", "mode", "setting", "mean batch", "req/s", "p99 ms", "windows within SLO", "errors"], rows),
     ], verdicts
 
 
