@@ -10,6 +10,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from batchpilot.runtime.batching.batcher import Batcher
+from batchpilot.runtime.batching.device_turns import MAX_TURN_S, DeviceTurns
 from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.errors import DeadlineExceeded, ModelFailed, Unavailable
 from batchpilot.runtime.metrics import RuntimeMetrics
@@ -304,3 +305,47 @@ async def test_out_of_memory_splits_the_batch_and_lowers_the_ceiling() -> None:
     assert batcher.params.max_batch_size == 4
     await asyncio.gather(*(batcher.submit(vec(i)) for i in range(8)))
     assert max(module.batches[-2:]) <= 4  # later batches respect the ceiling
+
+
+def sharing(spec: ModelSpec, name: str, module: torch.nn.Module, turns: DeviceTurns | None) -> Batcher:
+    spec = spec.model_copy(update={"name": name})
+    return Batcher(spec, Executor(spec, module, torch.device("cpu")), RuntimeMetrics(CollectorRegistry()), turns=turns)
+
+
+async def submit_while_the_other_runs(turns: DeviceTurns | None) -> list[int]:
+    """Model a runs a 0.15-s batch; meanwhile five requests reach model b (delay 0) 10 ms apart. Returns b's
+    batch sizes."""
+    slow, fast = Doubler(delay_s=0.15), Doubler()
+    a = sharing(cv_spec(max_queue_delay_microseconds=0), "a", slow, turns)
+    b = sharing(cv_spec(max_queue_delay_microseconds=0), "b", fast, turns)
+    running = a.submit(vec(1))
+    await asyncio.sleep(0.03)
+    waiting = []
+    for i in range(5):
+        waiting.append(b.submit(vec(i)))
+        await asyncio.sleep(0.01)
+    outs = await asyncio.wait_for(asyncio.gather(running, *waiting), 2.0)
+    assert [o["y"][0, 0] for o in outs] == [2.0, 0.0, 2.0, 4.0, 6.0, 8.0]
+    return fast.batches
+
+
+async def test_models_sharing_the_cpu_take_turns_and_gather_while_another_runs() -> None:
+    """With turns, b's batch forms when a's is over and takes all five; without, b's requests leave one by one
+    beside a's batch (each of them time-slicing the core with it)."""
+    assert await submit_while_the_other_runs(DeviceTurns()) == [5]
+    assert (await submit_while_the_other_runs(None))[0] == 1
+
+
+async def test_a_hung_models_turn_stops_binding_the_others() -> None:
+    turns = DeviceTurns()
+    stuck = Hangs()
+    a = sharing(cv_spec(max_queue_delay_microseconds=0), "a", stuck, turns)
+    b = sharing(cv_spec(max_queue_delay_microseconds=0), "b", Doubler(), turns)
+    loop = asyncio.get_running_loop()
+    hung = a.submit(vec(1))
+    await asyncio.sleep(0.05)
+    start = loop.time()
+    out = await asyncio.wait_for(b.submit(vec(3)), 5.0)
+    assert out["y"][0, 0] == 6.0 and MAX_TURN_S - 0.1 <= loop.time() - start < MAX_TURN_S + 1.0
+    stuck.release.set()
+    await hung

@@ -94,7 +94,7 @@ KEEP_PACE = 0.95  # a violation's pick must be predicted to serve this share of 
 SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 BESIDE = 0.1  # share of the core other models take from which a model counts as sharing it...
-SATURATED = 0.85  # ...and share of it busy (every model) from which the core counts as saturated
+SATURATED = 0.75  # ...and share of it busy (every model) from which the core counts as saturated
 FULL = 0.95  # a frugal loop's batches hold this share of its clients (or its limit): full
 
 
@@ -488,7 +488,8 @@ class Autotuner:
             # seen (a closed loop of fewer clients than the limit fills every batch with all of them).
             up = m.largest_batch >= n and m.peak_in_server > n
             probe = self._clip(replace(self._incumbent, max_batch_size=n * 2 if up else min(n, m.largest_batch) // 2))
-            if probe != self._incumbent:
+            # A frugal loop does not probe down: halving its batches beside another model broke both SLOs live.
+            if probe != self._incumbent and (up or not self._frugal(m, w)):
                 return self._move(probe, "probe:size", now, self._figures(m))
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and self._trials < PLAN_TRIALS:
             return self._request_plan(fit, w, m, now, violation=False)

@@ -22,6 +22,7 @@ import torch
 from kserve.protocol.rest.server import RESTServer
 
 from batchpilot.runtime.batching.batcher import Batcher
+from batchpilot.runtime.batching.device_turns import DeviceTurns, available_cores
 from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.gpu import export_gpu_metrics
 from batchpilot.runtime.hub import HostedModel, ModelHub
@@ -80,12 +81,18 @@ def build_hub(
     entries: list[ModelEntry], device: torch.device, metrics: RuntimeMetrics, options: ServerOptions
 ) -> ModelHub:
     hub = ModelHub(metrics)
+    turns = DeviceTurns() if device.type == "cpu" and torch.get_num_threads() >= available_cores() else None
     for entry in entries:
         batcher = None
         if entry.module is not None and entry.spec is not None:
             executor = Executor(entry.spec, entry.module, device)
             batcher = Batcher(
-                entry.spec, executor, metrics, batching=options.batching, hang_timeout_s=options.hang_timeout_s
+                entry.spec,
+                executor,
+                metrics,
+                batching=options.batching,
+                hang_timeout_s=options.hang_timeout_s,
+                turns=turns,
             )
         hub.add(HostedModel(entry.name, entry.spec, batcher, entry.error))
     return hub

@@ -7,7 +7,8 @@ tuner again: observers), told of every arrival, release, execution and answer.
 
 Everything here runs on the server's event loop except `Executor.run`, which runs in the model's own
 thread. One batch executes at a time; while it runs, arrivals queue up and the next batch's window
-keeps counting, so the next batch is released the moment the model is free (or its window closes).
+keeps counting, so the next batch is released the moment the model is free (or its window closes). Models
+that share the CPU also wait for their turn (`device_turns`) before a batch forms.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import numpy as np
 
 from batchpilot.runtime.autotuner import TuningParams
+from batchpilot.runtime.batching.device_turns import DeviceTurns
 from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.batching.observers import MetricsObserver, Observers, RecentObserver, StatsObserver
 from batchpilot.runtime.batching.queue import PolicyQueue
@@ -47,7 +49,9 @@ class Batcher:
         *,
         batching: bool = True,
         hang_timeout_s: float = 60.0,
+        turns: DeviceTurns | None = None,
     ) -> None:
+        """`turns`: shared with the other models on the same device when their batches take turns."""
         self.spec = spec
         self.executor = executor
         self.metrics = metrics
@@ -69,6 +73,7 @@ class Batcher:
         self._in_flight = 0  # batches released and not yet answered (at most executor.pipeline_depth)
         self._draining = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._turns = turns
         self.observers.params_changed(self.params)
         self._metrics.slo(spec.autotune.latency_slo_p99_ms / 1e3)
         self._metrics.watch_queue(self.queue)
@@ -178,13 +183,21 @@ class Batcher:
                 handle.cancel()
 
     async def _run(self) -> None:
+        name, turns = self.spec.name, self._turns
         while True:
             if self._busy or not self.queue:
+                if turns is not None and not self._in_flight:
+                    turns.give(name, self.loop.time())  # handed a turn it has no batch for (the queue timed out)
                 await self._sleep_until(None)
                 continue
-            reason, wake_at = self._release_reason(self.loop.time())
+            now = self.loop.time()
+            reason, wake_at = self._release_reason(now)
             if reason is None:
                 await self._sleep_until(wake_at)
+                continue
+            if turns is not None and (expires := turns.take(name, now)) is not None:
+                turns.wait(name, self._poke)  # another model's batch runs: this one forms when it is over
+                await self._sleep_until(expires)
                 continue
             slices = self.policy.take(self.queue, self.params.max_batch_size, self.spec.batching.preserve_ordering)
             self.observers.released(reason, slices)
@@ -229,6 +242,8 @@ class Batcher:
             await self.runner.run(slices)
         finally:
             self._in_flight -= 1
+            if self._turns is not None:
+                self._turns.give(self.spec.name, self.loop.time())
             self._poke()
 
     # -- tuning -----------------------------------------------------------------------------------------

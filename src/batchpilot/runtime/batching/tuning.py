@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -17,6 +16,7 @@ from typing import Any
 
 from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
 from batchpilot.runtime.batching.cpu_ledger import CpuLedger, shared_ledger
+from batchpilot.runtime.batching.device_turns import available_cores
 from batchpilot.runtime.batching.executor import BatchTimings
 from batchpilot.runtime.batching.neighbour_board import NeighbourBoard, shared_board
 from batchpilot.runtime.batching.observers import BatchObserver, Finished
@@ -80,10 +80,9 @@ class AutoTuner(StaticTuner):
         self.board = board or NeighbourBoard()  # the other autotuned models of the process, for joint plans
         self.clock = clock
         self.cpu_clock = cpu_clock  # the whole process's CPU time: front-ends and every model's executor
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
         self.worker = worker
         self.autotuner = Autotuner(
-            spec.autotune, _clamp(params, spec), cores=cores, inline_plans=worker is None, name=spec.name
+            spec.autotune, _clamp(params, spec), cores=available_cores(), inline_plans=worker is None, name=spec.name
         )
         self._asked: tuple[PlanJob, float] | None = None  # the plan handed to the worker, and when
 
