@@ -275,6 +275,9 @@ def main() -> int:
         help="the soaked server: the demo spec as written (autotuned, default) or the --static setting",
     )
     parser.add_argument("--slo-ms", type=float, help="p99 SLO in ms (default: the demo model's spec)")
+    parser.add_argument(
+        "--server-log", type=Path, help="keep the soaked server's log here, at INFO (its autotune lines)"
+    )
     args = parser.parse_args()
     spec = build_demo_modules()[args.model][0]
     slo_ms = args.slo_ms or spec.autotune.latency_slo_p99_ms
@@ -297,7 +300,8 @@ def main() -> int:
         elif args.capacity_basis == "open":
             capacity, closed, how = open_capacity(repository, Path(tmp), args, slo_ms)
         env = static_specs_env(args.model, *args.static) if args.mode == "static" else None
-        with server_process(repository, Path(tmp) / "server.log", env=env) as served:
+        log, level = (args.server_log, "INFO") if args.server_log else (Path(tmp) / "server.log", "WARNING")
+        with server_process(repository, log, env=env, log_level=level) as served:
             pin_server(served)
             requests = demo_requests(args.model, f"127.0.0.1:{served.http}", count=256)
             if not args.capacity and args.capacity_basis == "closed":
