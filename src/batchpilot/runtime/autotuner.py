@@ -27,8 +27,8 @@ On one core, other models' executors and requests take a measured share of the c
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
 core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
 of the others not so described stretches this model's work instead. A closed loop on a saturated core shared
-with others is *frugal*: no plan, backoff or verdict moves it to a setting that batches fewer items (more CPU per
-item, taken from the others); its backoff lengthens the delay (or the limit) towards full batches.
+with others is *frugal*: no plan, probe, backoff or verdict moves it to a setting that batches fewer items (more
+CPU per item, taken from the others); its backoff lengthens the delay (or the limit) towards full batches.
 Plans are data (`plan_jobs.PlanJob`): solved inside `step` (`inline_plans`, the tests and the
 simulator) or handed to the caller, who solves them off the event loop and returns the answer. When a delay would
 gather less than one companion for a batch's first request and no plan chose it, the delay goes to its
