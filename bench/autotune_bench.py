@@ -86,6 +86,7 @@ from common import (
     wrk,
 )
 
+from batchpilot.runtime.demo import batch_counts
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
 from batchpilot.spec.model import ModelSpec
@@ -828,12 +829,6 @@ def two_phase(
                 flush=True,
             )
     return out
-
-
-def batch_counts(port: int, model: str) -> tuple[int, int]:
-    """(items, executions) the model has run so far."""
-    s = get_json(f"http://{HOST}:{port}/v2/models/{model}/stats")["model_stats"][0]
-    return s["inference_count"], s["execution_count"]
 
 
 def read_counts(port: int, into: dict[str, tuple[int, int]]) -> None:

@@ -427,8 +427,12 @@ class Autotuner:
             # the HTTP stack, as on a 1-core server: 80-88% measured live.)
             or (m.full_share >= FULL_SHARE and m.utilization >= BUSY)
         )
-        direction = 1 if short_of_capacity else -1
-        n = p.max_batch_size * 2 if short_of_capacity else p.max_batch_size // 2
+        return self._resized(p, 1 if short_of_capacity else -1)
+
+    def _resized(self, p: TuningParams, direction: int) -> TuningParams | None:
+        """`p` with its size doubled (+1) or halved (-1); None when that changes nothing or reverses an
+        earlier backoff before the search has settled again."""
+        n = p.max_batch_size * 2 if direction > 0 else p.max_batch_size // 2
         safer = self._clip(replace(p, max_batch_size=n))
         if safer == p or direction == -self._backoff_dir:
             return None
@@ -461,11 +465,8 @@ class Autotuner:
         if m.mean_batch < FULL * min(p.max_batch_size, w.clients):
             longer = next((d for d in self._ladder if d > p.max_queue_delay_s), None)
             return None if longer is None else replace(p, max_queue_delay_s=longer)
-        if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size and self._backoff_dir >= 0:
-            safer = self._clip(replace(p, max_batch_size=2 * p.max_batch_size))
-            if safer != p:
-                self._backoff_dir = 1
-                return safer
+        if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size:
+            return self._resized(p, 1)
         return None
 
     def _next(self, now: float) -> Decision | None:

@@ -22,9 +22,15 @@ def release_reasons(port: int, model: str) -> dict[str, int]:
     return {reason: int(float(n)) for reason, n in pattern.findall(text)}
 
 
-def mean_batch_size(port: int, model: str) -> float:
+def batch_counts(port: int, model: str) -> tuple[int, int]:
+    """(items, executions) the model has run so far (Triton's statistics extension)."""
     stats = get_json(f"http://127.0.0.1:{port}/v2/models/{model}/stats")["model_stats"][0]
-    return stats["inference_count"] / max(1, stats["execution_count"])
+    return stats["inference_count"], stats["execution_count"]
+
+
+def mean_batch_size(port: int, model: str) -> float:
+    items, executions = batch_counts(port, model)
+    return items / max(1, executions)
 
 
 def measure(port: int, model: str, concurrency: int, duration_s: float) -> LoadResult:
