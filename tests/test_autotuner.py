@@ -17,6 +17,7 @@ from batchpilot.runtime.autotune_model import (
     TuningParams,
     delay_ladder,
     fit_batch_latency,
+    little_think,
     read_workload,
 )
 from batchpilot.runtime.autotuner import FIRST_LOOK_S, MAX_MEASURE_S, SETTLE_S, Autotuner, Decision, _Outstanding
@@ -333,6 +334,24 @@ def test_the_load_is_read_as_closed_or_open() -> None:
     BatcherSim(CPU, Poisson(1000), open_.params, seed=1, tuner=open_).run_until(3.0)
     w = read_workload(open_._inc_meas)  # type: ignore[arg-type]
     assert not w.closed and w.arrival_rate == pytest.approx(1000, rel=0.1)
+
+
+def test_an_open_loop_near_capacity_is_told_from_a_closed_one_by_its_arrivals() -> None:
+    """Near capacity an open loop's queue is as long as a closed loop's population, and Little's law alone reads
+    it as closed (think time under the time in the server); its arrivals ignore the answers, a closed loop's
+    follow them."""
+    near = Autotuner(spec(50), TuningParams(32, 0.0))
+    BatcherSim(CPU, Poisson(2150), near.params, seed=1, tuner=near).run_until(3.0)
+    m = near._epoch.measure(3.0)  # type: ignore[union-attr]
+    assert little_think(m.arrival_rate, m.peak_in_server, m.mean_s) <= m.mean_s  # the count alone: closed
+    assert m.lag_ratio == pytest.approx(1.0, abs=0.1)
+    assert not read_workload(m).closed
+    for clients, think_s in ((64, 0.0), (32, 0.001), (48, 0.002)):
+        closed = Autotuner(spec(50), TuningParams(16, 0.0))
+        BatcherSim(CPU, ClosedLoop(clients, think_s), closed.params, seed=1, tuner=closed).run_until(3.0)
+        m = closed._epoch.measure(3.0)  # type: ignore[union-attr]
+        assert m.lag_ratio is not None and m.lag_ratio < 0.6, clients
+        assert read_workload(m).closed, clients
 
 
 class Cliff(LinearLatency):

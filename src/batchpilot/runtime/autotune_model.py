@@ -61,17 +61,44 @@ class Workload:
     think_s: float  # a client's mean time outside the server per round trip (inf without load)
 
 
+INDEPENDENT = 0.8  # arrivals whose lag after the answers is this share of chance's or more ignore the answers
+LAG_MIN_ARRIVALS = 50  # arrivals behind that comparison
+
+
 def read_workload(m: Measurement) -> Workload:
     """Closed loop or open, from Little's law: `clients` items (the peak in the server, its 98th
     percentile at arrivals) cycle at the
     arrival rate, so each spends clients / rate per round trip, `mean_s` of it in the server and the
     rest outside. A closed loop's clients wait on the server most of the time (think <= time inside);
-    an open loop's arrivals see a server that is mostly emptier than its peak."""
+    an open loop's arrivals see a server that is mostly emptier than its peak. A long queue can make an
+    open loop near its capacity look closed by that count (live: 8 of 55 plans of a soak at 85% load, whose
+    closed-loop picks broke the SLO at once); its arrivals then do not follow the answers
+    (`Measurement.lag_ratio`), and it is read as open."""
     rate, clients = m.arrival_rate, max(1, m.peak_in_server)
     if rate <= 0 or not math.isfinite(m.mean_s):
         return Workload(False, rate, clients, math.inf)
-    think = max(0.0, clients / rate - m.mean_s)
-    return Workload(think <= m.mean_s, rate, clients, think)
+    think = little_think(rate, clients, m.mean_s)
+    independent = m.lag_ratio is not None and m.lag_ratio >= INDEPENDENT
+    return Workload(think <= m.mean_s and not independent, rate, clients, think)
+
+
+def little_think(rate: float, clients: int, mean_s: float) -> float:
+    """A client's time outside the server per round trip, were `clients` cycling at `rate` (Little's law)."""
+    return max(0.0, clients / rate - mean_s)
+
+
+def lag_ratio(lags: np.ndarray, done_at: np.ndarray, now: float) -> float | None:
+    """How soon after this model's batches finish requests arrive, against chance: their mean time since the
+    latest batch finished (`lags`) over that time's average over the epoch (batches finished at `done_at`, a
+    time between them of g averaging g / 2 over its length). Poisson arrivals see time averages, so an open
+    loop's ratio is about 1, whatever the setting; a closed loop's clients send again a think time after their
+    answer, so its ratio is well under 1 while they think for less than the time between batches (live, 16
+    perf_analyzer clients: LIVE). None with too few arrivals or batches to tell."""
+    if lags.size < LAG_MIN_ARRIVALS or done_at.size < 3:
+        return None
+    gaps = np.diff(np.append(done_at, max(now, float(done_at[-1]))))
+    chance = float((gaps**2).sum() / (2 * gaps.sum())) if gaps.sum() > 0 else 0.0
+    return float(lags.mean()) / chance if chance > 0 else None
 
 
 def delay_ladder(lo_s: float, hi_s: float) -> list[float]:
@@ -120,6 +147,8 @@ class Epoch:
     batches: int = 0
     full_batches: int = 0  # batches that reached the size limit
     in_server_seen: list[int] = field(default_factory=list)  # items in the server at each arrival, its own too
+    lags: list[float] = field(default_factory=list)  # each arrival's time since this epoch's latest batch finished
+    done_at: list[float] = field(default_factory=list)  # when this epoch's batches finished
     # CPU: the readings at the first step after `settled_at` and at the latest, and what this model's
     # executor spent in between on how many items (the rest went to front-ends and other models).
     cpu_start: CpuReading | None = None
@@ -133,6 +162,8 @@ class Epoch:
             self.items_arrived += n_items
             self.accompanied += n_items if in_server > 0 else 0
             self.in_server_seen.append(in_server + n_items)
+            if self.done_at:
+                self.lags.append(now - self.done_at[-1])
 
     def add_cpu(self, reading: CpuReading) -> None:
         if reading.at < self.settled_at:
@@ -147,6 +178,7 @@ class Epoch:
             self.exec_cpu_s += compute_s if cpu_s is None else cpu_s
             self.items_since_cpu += size
         if now >= self.settled_at:
+            self.done_at.append(now)
             self.items_done += size
             self.busy_s += compute_s
             self.largest_batch = max(self.largest_batch, size)
@@ -176,6 +208,9 @@ class Epoch:
         duration = max(now - self.settled_at, 1e-9)
         frontend, background, own = self._cpu_shares()
         lat = np.asarray(self.latencies)
+        # The 98th percentile, not the maximum: clients that reconnect leave their abandoned requests
+        # in the server for a moment, and one such moment must not double the population.
+        peak = int(np.percentile(self.in_server_seen, 98)) if self.in_server_seen else 0
         return Measurement(
             params=self.params,
             duration_s=duration,
@@ -191,12 +226,11 @@ class Epoch:
             largest_batch=self.largest_batch,
             mean_batch=self.items_done / self.batches if self.batches else 0.0,
             full_share=self.full_batches / self.batches if self.batches else 0.0,
-            # The 98th percentile, not the maximum: clients that reconnect leave their abandoned requests
-            # in the server for a moment, and one such moment must not double the population.
-            peak_in_server=int(np.percentile(self.in_server_seen, 98)) if self.in_server_seen else 0,
+            peak_in_server=peak,
             frontend_cpu_s=frontend,
             background_cpu=background,
             own_cpu=own,
+            lag_ratio=lag_ratio(np.asarray(self.lags), np.asarray(self.done_at), now),
         )
 
     def _cpu_shares(self) -> tuple[float | None, float, float]:
@@ -239,3 +273,4 @@ class Measurement:
     frontend_cpu_s: float | None = None  # process CPU per item beyond the executors (every model's items)
     background_cpu: float = 0.0  # share of the process's core(s) other models took (their executors and items)
     own_cpu: float = 0.0  # share this model took (its executor and its items' front-end work)
+    lag_ratio: float | None = None  # arrivals' time after the answers against chance (`lag_ratio`); None: untold

@@ -861,6 +861,7 @@ class Autotuner:
             "mean_batch": round(m.mean_batch, 2),
             "core_own": round(m.own_cpu, 3),
             "core_others": round(m.background_cpu, 3),
+            "lag_ratio": None if m.lag_ratio is None else round(m.lag_ratio, 2),
             "a_ms_per_item": round(fit.a_s * 1e3, 4) if fit else None,
             "b_ms": round(fit.b_s * 1e3, 4) if fit else None,
         }
