@@ -9,10 +9,10 @@ d(n) = a*n + b fitted on recent batches, and the load read from the same epoch, 
 (`batch_planner`), which predicts items/s and p99 for every (size, delay) within the bounds. The load
 is a *closed loop* (a fixed population of clients, each sending again a think time after its answer,
 so the setting decides the rate: the most items/s wins) when the clients spend at least as long in the
-server as outside it, else *open* (a given arrival rate: every stable setting serves it, the lowest
-p99 wins). The tuner jumps to the predicted best; one measurement epoch confirms it: a planned
-setting stays unless it measurably serves fewer items/s or a clearly longer tail than the setting it
-replaced, and a loser is given back at the epoch's end (at once when it breaks the SLO). The
+server as outside it and the arrivals follow the answers, else *open* (a given arrival rate: every stable
+setting serves it, the lowest p99 wins). The tuner jumps to the predicted best; one measurement epoch
+confirms it: a planned setting stays unless it measurably serves fewer items/s or a clearly longer tail
+than the setting it replaced, and a loser is given back at the epoch's end (at once when it breaks the SLO). The
 prediction's error at the incumbent corrects the others' predicted p99. With nothing better
 predicted the tuner is settled and makes no changes until the load or the latency moves by 30%.
 No trial starts while an open-loop queue holds more than the SLO's worth of work.
@@ -23,6 +23,8 @@ gives way to the plan's pick. With nothing predicted to do better, a first break
 after it (a stall passes; the setting was the best known); a second in a row, a tail over twice the SLO,
 a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the delay drops to its
 minimum, else the batch size doubles when the executor is the bottleneck or halves when the batches are).
+An open loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the
+lowest tail among them is held.
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
 core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
@@ -92,6 +94,7 @@ GROWING = 1.05  # arriving this much faster than served: the queue grows
 DRAINING = 1.1  # serving this much more than arrives: a backlog is draining, no violation is acted on
 KEEP_PACE = 0.95  # a violation's pick must be predicted to serve this share of the measured arrival rate
 SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
+FUTILE = 3  # an open loop that broke the SLO at this many settings in a row (none met it between): infeasible
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 BESIDE = 0.1  # share of the core other models take from which a model counts as sharing it...
 SATURATED = 0.75  # ...and share of it busy (every model) from which the core counts as saturated
@@ -148,6 +151,7 @@ class Autotuner:
         self._outstanding: _Outstanding | None = None
         self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
         self._strike: TuningParams | None = None  # kept once through an SLO break the plan could not better
+        self._breaks: dict[TuningParams, float] = {}  # an open loop's settings that broke the SLO in a row: p99
         self._cores = cores
         self._lo_n: int = b.min_batch_size
         self._ceiling: int = b.max_batch_size
@@ -309,6 +313,7 @@ class Autotuner:
         m = epoch.measure(now)
         if m.p99_s <= self._slo_s:
             self._strike = None
+            self._breaks.clear()
         if self._params != self._incumbent:  # a trial ends
             if not self._confirms(m, self._inc_meas):
                 self._rejected.add(self._params)
@@ -375,8 +380,8 @@ class Autotuner:
             self._rejected.add(self._params)
             self._planned = None
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
-        if trial or not self._feasible:
-            return None  # both miss: the trial is judged on p99 at its end; or a lost cause
+        if trial or (not self._feasible and not (self._growing(m) and m.duration_s >= MEASURE_S)):
+            return None  # both miss: the trial is judged on p99 at its end; or a lost cause (that keeps pace)
         if self._others_trying and not self._severe(m):
             return None  # another model's trial may be the cause: judged once it is over
         if m.items_per_s > DRAINING * m.arrival_rate:
@@ -384,6 +389,8 @@ class Autotuner:
             # the setting, and a change now only costs pace (live: 3x open-loop step, re-plans every second
             # while the queue drained, p99 0.7 s).
             return None
+        if (futile := self._futile(m, now)) is not None:
+            return futile
         if self._replanned is self._epoch:
             return None  # one re-plan per epoch: on its way, or it found nothing better
         fit = self._fit()
@@ -392,10 +399,36 @@ class Autotuner:
             return self._request_plan(fit, read_workload(m), m, now, violation=True)
         return self._back_off(m, now)
 
+    def _futile(self, m: Measurement, now: float) -> Decision | None:
+        """An open loop that broke the SLO at FUTILE settings in a row: none tried meets it, and each further change
+        costs pace while the queue is long (live, a soak at 85% load: 186 changes in 10 min, p99 50-170 ms at every
+        setting tried). The SLO is declared infeasible and the setting with the lowest tail among them held: while
+        infeasible, breaks are not acted on (short of a growing queue), and it is settled until the arrival rate
+        moves or the SLO is met again."""
+        if self._replanned is self._epoch or read_workload(m).closed or self._growing(m):
+            return None  # (a setting that does not keep pace is no candidate to hold)
+        self._breaks[self._incumbent] = min(self._breaks.get(self._incumbent, math.inf), m.p99_s)
+        if len(self._breaks) < FUTILE:
+            return None
+        held = min(self._breaks, key=self._breaks.__getitem__)
+        tails = {f"{p.max_batch_size}/{p.max_queue_delay_s * 1e3:g}ms": _ms(t) for p, t in self._breaks.items()}
+        self._breaks.clear()
+        self._feasible = False
+        self._incumbent, self._inc_meas = held, None
+        self._reopen()
+        self._settled, self._ref = True, m  # held: no trials until the arrival rate moves
+        detail = {**self._figures(m), "knob": "held", "tails_ms": tails}
+        return self._move(held, "infeasible", now, detail) or Decision(held, "infeasible", detail, changed=False)
+
     def _severe(self, m: Measurement) -> bool:
         """An SLO break past measuring again: a tail over SEVERE x the SLO, or more arriving than served (a
         queue growing; whatever the load reads as: an overloaded open loop can pass for a closed one)."""
-        return m.p99_s > SEVERE * self._slo_s or m.arrival_rate > GROWING * m.items_per_s
+        return m.p99_s > SEVERE * self._slo_s or self._growing(m)
+
+    @staticmethod
+    def _growing(m: Measurement) -> bool:
+        """More arrives than is served: the queue grows (answered even when the SLO is a lost cause)."""
+        return m.arrival_rate > GROWING * m.items_per_s
 
     def _back_off(self, m: Measurement, now: float) -> Decision | None:
         """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff`."""
@@ -420,7 +453,7 @@ class Autotuner:
         queued_s = m.mean_wait_s
         short_of_capacity = (
             m.utilization >= 0.9
-            or m.arrival_rate > GROWING * m.items_per_s
+            or self._growing(m)
             or queued_s > 2 * (m.mean_s - queued_s)
             # Batches leave full from a busy executor: the size limit binds, and halving it would only
             # lengthen the queue. (The executor may never look 90% busy when it shares its core with
@@ -750,7 +783,8 @@ class Autotuner:
         noise = 3.0 / math.sqrt(max(1, min(m.completed, ref.completed)))
         rate_moved = abs(m.arrival_rate - ref.arrival_rate) > max(CHANGE_TRIGGER, noise) * ref.arrival_rate
         latency_moved = abs(m.mean_s - ref.mean_s) > max(CHANGE_TRIGGER, noise) * ref.mean_s
-        return rate_moved or latency_moved
+        # An open loop's latency beyond the SLO swings with its queue, not with the model's speed: only its rate counts.
+        return rate_moved or (latency_moved and self._feasible)
 
     def _reopen(self) -> None:
         self._rejected.clear()
