@@ -345,6 +345,27 @@ def test_an_open_loop_the_slo_cannot_hold_is_held_not_churned() -> None:
     assert after.p99_s <= 1.15 * static_best
 
 
+def test_a_held_open_loop_needs_epochs_in_a_row_within_the_slo_to_be_feasible_again() -> None:
+    """Held as infeasible, one lucky epoch is not the SLO met (live, each hold ended on one and the breaks
+    resumed): three in a row are; an epoch over it starts the count again. Without a hold, one is enough."""
+    here = TuningParams(16, 0.0)
+
+    def epoch(p99_ms: float) -> Measurement:
+        return Measurement(
+            params=here, duration_s=2.0, completed=900, items_per_s=450.0, arrival_rate=450.0, company_share=1.0,
+            mean_s=0.02, mean_se=0.001, mean_wait_s=0.01, p99_s=p99_ms / 1e3, utilization=0.8, largest_batch=16,
+        )  # fmt: skip
+
+    held = Autotuner(spec(50), here)
+    held._feasible, held._held = False, 0
+    verdicts = [held._verdict(epoch(p99), 0.0) for p99 in (30, 30, 60, 30, 30, 30)]
+    assert [v.reason if v else None for v in verdicts] == [None, None, None, None, None, "feasible"]
+    free = Autotuner(spec(50), here)
+    free._feasible = False
+    verdict = free._verdict(epoch(30), 0.0)
+    assert verdict is not None and verdict.reason == "feasible"
+
+
 def test_the_load_is_read_as_closed_or_open() -> None:
     closed = Autotuner(spec(50), TuningParams(16, 0.0))
     BatcherSim(CPU, ClosedLoop(32, think_s=0.001), closed.params, seed=1, tuner=closed).run_until(3.0)

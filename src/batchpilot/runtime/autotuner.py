@@ -94,7 +94,8 @@ GROWING = 1.05  # arriving this much faster than served: the queue grows
 DRAINING = 1.1  # serving this much more than arrives: a backlog is draining, no violation is acted on
 KEEP_PACE = 0.95  # a violation's pick must be predicted to serve this share of the measured arrival rate
 SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
-FUTILE = 3  # an open loop that broke the SLO at this many settings in a row (none met it between): infeasible
+FUTILE = 3  # an open loop that broke the SLO at this many settings in a row (none met it between): infeasible...
+HOLD_EPOCHS = 3  # ...until this many epochs in a row meet it with margin
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 BESIDE = 0.1  # share of the core other models take from which a model counts as sharing it...
 SATURATED = 0.75  # ...and share of it busy (every model) from which the core counts as saturated
@@ -152,6 +153,7 @@ class Autotuner:
         self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
         self._strike: TuningParams | None = None  # kept once through an SLO break the plan could not better
         self._breaks: dict[TuningParams, float] = {}  # an open loop's settings that broke the SLO in a row: p99
+        self._held: int | None = None  # held as infeasible (`_futile`): epochs in a row since that met the SLO
         self._cores = cores
         self._lo_n: int = b.min_batch_size
         self._ceiling: int = b.max_batch_size
@@ -404,7 +406,8 @@ class Autotuner:
         costs pace while the queue is long (live, a soak at 85% load: 186 changes in 10 min, p99 50-170 ms at every
         setting tried). The SLO is declared infeasible and the setting with the lowest tail among them held: while
         infeasible, breaks are not acted on (short of a growing queue), and it is settled until the arrival rate
-        moves or the SLO is met again."""
+        moves or HOLD_EPOCHS epochs in a row meet the SLO (live, with one: each hold ended 5-30 s after it began on
+        a single epoch within the SLO, and the breaks resumed)."""
         if self._replanned is self._epoch or read_workload(m).closed or self._growing(m):
             return None  # (a setting that does not keep pace is no candidate to hold)
         self._breaks[self._incumbent] = min(self._breaks.get(self._incumbent, math.inf), m.p99_s)
@@ -416,7 +419,7 @@ class Autotuner:
         self._feasible = False
         self._incumbent, self._inc_meas = held, None
         self._reopen()
-        self._settled, self._ref = True, m  # held: no trials until the arrival rate moves
+        self._settled, self._ref, self._held = True, m, 0  # held: no trials until the arrival rate moves
         detail = {**self._figures(m), "knob": "held", "tails_ms": tails}
         return self._move(held, "infeasible", now, detail) or Decision(held, "infeasible", detail, changed=False)
 
@@ -750,13 +753,20 @@ class Autotuner:
 
     def _verdict(self, m: Measurement, now: float) -> Decision | None:
         """Flip the SLO verdict on the incumbent's figures: infeasible when it misses the SLO once
-        the search has settled, feasible again once it meets the SLO with margin."""
+        the search has settled, feasible again once it meets the SLO with margin (a held open loop: in
+        HOLD_EPOCHS epochs in a row)."""
         if self._feasible and self._settled and m.p99_s > self._slo_s:
             return self._declare_infeasible(m, now)
-        if not self._feasible and not self._hopeless() and m.p99_s <= TRIAL_MARGIN * self._slo_s:
-            self._feasible = True
-            return Decision(self._params, "feasible", self._figures(m), changed=False)
-        return None
+        if self._feasible or self._hopeless():
+            return None
+        if m.p99_s > TRIAL_MARGIN * self._slo_s:
+            self._held = None if self._held is None else 0
+            return None
+        if self._held is not None and self._held + 1 < HOLD_EPOCHS:
+            self._held += 1  # a held open loop: one epoch within the SLO can be chance
+            return None
+        self._feasible, self._held = True, None
+        return Decision(self._params, "feasible", self._figures(m), changed=False)
 
     def _hopeless(self) -> bool:
         """Even one smallest batch alone, without window or queue, takes longer than the SLO."""
