@@ -212,9 +212,6 @@ class Epoch:
         duration = max(now - self.settled_at, 1e-9)
         frontend, background, own = self._cpu_shares()
         lat = np.asarray(self.latencies)
-        # The 98th percentile, not the maximum: clients that reconnect leave their abandoned requests
-        # in the server for a moment, and one such moment must not double the population.
-        peak = int(np.percentile(self.in_server_seen, 98)) if self.in_server_seen else 0
         return Measurement(
             params=self.params,
             duration_s=duration,
@@ -230,7 +227,9 @@ class Epoch:
             largest_batch=self.largest_batch,
             mean_batch=self.items_done / self.batches if self.batches else 0.0,
             full_share=self.full_batches / self.batches if self.batches else 0.0,
-            peak_in_server=peak,
+            # The 98th percentile, not the maximum: clients that reconnect leave their abandoned requests
+            # in the server for a moment, and one such moment must not double the population.
+            peak_in_server=int(np.percentile(self.in_server_seen, 98)) if self.in_server_seen else 0,
             frontend_cpu_s=frontend,
             background_cpu=background,
             own_cpu=own,

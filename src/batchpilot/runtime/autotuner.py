@@ -793,7 +793,8 @@ class Autotuner:
         noise = 3.0 / math.sqrt(max(1, min(m.completed, ref.completed)))
         rate_moved = abs(m.arrival_rate - ref.arrival_rate) > max(CHANGE_TRIGGER, noise) * ref.arrival_rate
         latency_moved = abs(m.mean_s - ref.mean_s) > max(CHANGE_TRIGGER, noise) * ref.mean_s
-        # An open loop's latency beyond the SLO swings with its queue, not with the model's speed: only its rate counts.
+        # Past the SLO the latency swings with the queue, not the model's speed: only the rate counts (a closed
+        # loop's rate moves with its latency anyway).
         return rate_moved or (latency_moved and self._feasible)
 
     def _reopen(self) -> None:
