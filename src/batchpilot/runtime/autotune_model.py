@@ -77,17 +77,12 @@ def read_workload(m: Measurement) -> Workload:
     rate, clients = m.arrival_rate, max(1, m.peak_in_server)
     if rate <= 0 or not math.isfinite(m.mean_s):
         return Workload(False, rate, clients, math.inf)
-    think = little_think(rate, clients, m.mean_s)
+    think = max(0.0, clients / rate - m.mean_s)
     # Only with more in the server than one batch takes: a few closed-loop clients in small, quick batches return
     # too soon after a batch to be told from chance (2 clients read 0.8 live).
     queued = clients > m.params.max_batch_size
     independent = queued and m.lag_ratio is not None and m.lag_ratio >= INDEPENDENT
     return Workload(think <= m.mean_s and not independent, rate, clients, think)
-
-
-def little_think(rate: float, clients: int, mean_s: float) -> float:
-    """A client's time outside the server per round trip, were `clients` cycling at `rate` (Little's law)."""
-    return max(0.0, clients / rate - mean_s)
 
 
 def lag_ratio(lags: np.ndarray, done_at: np.ndarray, now: float) -> float | None:

@@ -391,10 +391,10 @@ class Autotuner:
             # the setting, and a change now only costs pace (live: 3x open-loop step, re-plans every second
             # while the queue drained, p99 0.7 s).
             return None
-        if (futile := self._futile(m, now)) is not None:
-            return futile
         if self._replanned is self._epoch:
             return None  # one re-plan per epoch: on its way, or it found nothing better
+        if (futile := self._futile(m, now)) is not None:
+            return futile
         fit = self._fit()
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and math.isfinite(m.p99_s):
             self._replanned = self._epoch
@@ -408,7 +408,7 @@ class Autotuner:
         infeasible, breaks are not acted on (short of a growing queue), and it is settled until the arrival rate
         moves or HOLD_EPOCHS epochs in a row meet the SLO (live, with one: each hold ended 5-30 s after it began on
         a single epoch within the SLO, and the breaks resumed)."""
-        if self._replanned is self._epoch or read_workload(m).closed or self._growing(m):
+        if read_workload(m).closed or self._growing(m):
             return None  # (a setting that does not keep pace is no candidate to hold)
         self._breaks[self._incumbent] = min(self._breaks.get(self._incumbent, math.inf), m.p99_s)
         if len(self._breaks) < FUTILE:
