@@ -274,6 +274,9 @@ def main() -> int:
         default="autotuned",
         help="the soaked server: the demo spec as written (autotuned, default) or the --static setting",
     )
+    parser.add_argument(
+        "--heap-trim-interval", type=float, default=10.0, help="the soaked server's --heap-trim-interval (0: never)"
+    )
     parser.add_argument("--slo-ms", type=float, help="p99 SLO in ms (default: the demo model's spec)")
     parser.add_argument(
         "--server-log", type=Path, help="keep the soaked server's log here, at INFO (its autotune lines)"
@@ -301,7 +304,8 @@ def main() -> int:
             capacity, closed, how = open_capacity(repository, Path(tmp), args, slo_ms)
         env = static_specs_env(args.model, *args.static) if args.mode == "static" else None
         log, level = (args.server_log, "INFO") if args.server_log else (Path(tmp) / "server.log", "WARNING")
-        with server_process(repository, log, env=env, log_level=level) as served:
+        trim = ("--heap-trim-interval", str(args.heap_trim_interval))
+        with server_process(repository, log, *trim, env=env, log_level=level) as served:
             pin_server(served)
             requests = demo_requests(args.model, f"127.0.0.1:{served.http}", count=256)
             if not args.capacity and args.capacity_basis == "closed":
@@ -347,6 +351,7 @@ def main() -> int:
         (f"client lag p99 (ms; > {LAG_LIMIT_MS:g}: client behind)", lag_text(result.lag_p99_ms)),
         ("RSS start / max / end (MiB)", f"{rss[0]:.0f} / {max(rss):.0f} / {rss[-1]:.0f}"),
         ("RSS growth (MiB)", f"{rss[-1] - rss[0]:+.1f}"),
+        ("heap trimmed every (s)", f"{args.heap_trim_interval:g}" if args.heap_trim_interval > 0 else "never"),
         ("server exit status", code),
     ]
     width = max(len(k) for k, _ in rows)

@@ -32,6 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads or default_torch_threads(),
         max_body_bytes=args.max_body_bytes,
         hang_timeout_s=args.model_hang_timeout,
+        heap_trim_interval_s=args.heap_trim_interval,
         connection_limits=limits,
     )
     BatchPilotServer(options).run()
@@ -70,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="seconds a batch may run before the model is declared hung and marked unready",
+    )
+    serve.add_argument(
+        "--heap-trim-interval",
+        type=float,
+        default=10.0,
+        help="seconds between giving freed heap memory back to the OS (glibc malloc_trim; 0: never). Models "
+        "that see many input shapes otherwise grow the server's RSS with every new one",
     )
     limits = serve.add_argument_group("connection limits (HTTP)")
     limits.add_argument(

@@ -132,6 +132,12 @@ class RuntimeMetrics:
             ("reason",),
             registry=registry,
         )
+        self.heap_trims = Counter(
+            "batchpilot_heap_trims", "Times the server gave freed heap memory back (malloc_trim).", registry=registry
+        )
+        self.heap_released = Counter(
+            "batchpilot_heap_released_bytes", "RSS the heap trims gave back to the OS (bytes).", registry=registry
+        )
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:

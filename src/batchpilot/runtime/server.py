@@ -25,6 +25,8 @@ from batchpilot.runtime.batching.batcher import Batcher
 from batchpilot.runtime.batching.device_turns import DeviceTurns, available_cores
 from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.gpu import export_gpu_metrics
+from batchpilot.runtime.heap import DEFAULT_INTERVAL_S as DEFAULT_TRIM_INTERVAL_S
+from batchpilot.runtime.heap import trim_heap_periodically
 from batchpilot.runtime.hub import HostedModel, ModelHub
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.runtime.plan_worker import shared_worker
@@ -50,6 +52,7 @@ class ServerOptions:
     max_body_bytes: int = 64 * 1024 * 1024
     grace_period_s: int = 30
     hang_timeout_s: float = 60.0
+    heap_trim_interval_s: float = DEFAULT_TRIM_INTERVAL_S  # 0: never trim
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
@@ -181,6 +184,8 @@ class BatchPilotServer(kserve.ModelServer):
         side_tasks = []
         if self.device.type == "cuda":
             side_tasks.append(loop.create_task(export_gpu_metrics(self.metrics)))
+        if self.options.heap_trim_interval_s > 0:
+            side_tasks.append(loop.create_task(trim_heap_periodically(self.metrics, self.options.heap_trim_interval_s)))
         ready = [n for n, m in self.hub.models.items() if m.ready]
         log.info(
             "serving %s on http :%d, grpc :%d (%s)", ready, self.options.http_port, self.options.grpc_port, self.device

@@ -1,0 +1,109 @@
+"""Freed heap memory goes back to the OS: the trimmer itself, and a served model fed many input shapes.
+
+Each new textcls length builds oneDNN kernels whose short-lived buffers glibc would otherwise keep; the
+served test feeds the same 240 new shapes to a server that trims every half second and to one that never
+trims, and compares what their RSS grew by.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from batchpilot.runtime.heap import heap_trimmer, resident_bytes
+from test_hardening_server import server_process
+
+MIB = 1 << 20
+glibc_only = pytest.mark.skipif(heap_trimmer() is None, reason="malloc_trim is glibc's")
+
+
+def test_resident_bytes_reads_this_process() -> None:
+    assert 10 * MIB < resident_bytes() < 64 * 1024 * MIB
+
+
+@glibc_only
+def test_the_trimmer_gives_back_freed_memory_that_small_survivors_pin() -> None:
+    # In a child: large blocks from the heap (no mmap), each followed by a small block that stays; freeing the
+    # large ones leaves holes glibc keeps until trimmed.
+    script = textwrap.dedent(
+        """
+        import ctypes, json
+        from batchpilot.runtime.heap import heap_trimmer, resident_bytes
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD: large blocks come from the heap
+        big, small = [], []
+        for _ in range(200):
+            p = libc.malloc(1 << 20)
+            ctypes.memset(p, 1, 1 << 20)  # touch every page
+            big.append(p)
+            small.append(libc.malloc(64))
+        before = resident_bytes()
+        for p in big:
+            libc.free(p)
+        freed = resident_bytes()
+        released = heap_trimmer()()
+        print(json.dumps({"before": before, "freed": freed, "released": released, "after": resident_bytes()}))
+        """
+    )
+    out = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, check=True).stdout)
+    assert out["before"] - out["freed"] < 20 * MIB  # free() alone gave almost nothing back
+    assert out["released"] > 150 * MIB  # the trim gave back most of the 200 MiB
+    assert out["after"] < out["freed"] - 150 * MIB
+
+
+def heap_metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    match = re.search(rf"^{name}_total (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} is not exported"
+    return float(match.group(1))
+
+
+def infer(port: int, length: int) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, length], "data": [7] * length}]}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/textcls/infer", body, {"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.status == 200
+
+
+def rss_growth_over_new_shapes(repository: Path, log: Path, interval_s: float) -> tuple[float, float]:
+    """(RSS growth in MiB over 240 new lengths, MiB the server says its trims gave back)."""
+    with server_process(repository, log, "--heap-trim-interval", str(interval_s)) as served:
+        for length in (8, 9, 8, 9):  # warm-up: first calls allocate what every call reuses
+            infer(served.http, length)
+        time.sleep(2 * interval_s)
+        start = served.rss_mib()
+        for length in range(16, 256):
+            infer(served.http, length)
+        time.sleep(3 * interval_s)  # a trim or two after the last one
+        growth = served.rss_mib() - start
+        released = heap_metric(served.http, "batchpilot_heap_released_bytes") / MIB
+        if interval_s > 0:
+            assert heap_metric(served.http, "batchpilot_heap_trims") >= 2
+        assert served.stop() == 0
+    return growth, released
+
+
+@glibc_only
+def test_a_served_model_fed_new_shapes_keeps_its_rss_when_the_heap_is_trimmed(
+    demo_repository: Path, tmp_path: Path
+) -> None:
+    kept, none_released = rss_growth_over_new_shapes(demo_repository, tmp_path / "untrimmed.log", 0)
+    trimmed, released = rss_growth_over_new_shapes(demo_repository, tmp_path / "trimmed.log", 0.5)
+    assert none_released == 0
+    assert released > 20, f"trims gave back {released:.0f} MiB"
+    assert kept > 40, f"without trims RSS grew {kept:.0f} MiB: the shapes no longer bloat the heap"
+    assert trimmed < kept / 2, f"RSS grew {trimmed:.0f} MiB with trims, {kept:.0f} MiB without"
