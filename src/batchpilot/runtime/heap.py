@@ -64,5 +64,6 @@ async def trim_heap_periodically(metrics: RuntimeMetrics, interval_s: float = DE
         released = await loop.run_in_executor(None, trim)
         metrics.heap_trims.inc()
         metrics.heap_released.inc(released)
-        if released >= 16 << 20:
-            log.info("heap trimmed: %.0f MiB of freed memory given back", released / (1 << 20))
+        # DEBUG: each trim also hands back the batches' freed activations (live, textcls at 460 req/s: ~25 MiB
+        # every 10 s), so this is routine; the counters tell the totals.
+        log.debug("heap trimmed: %.0f MiB of freed memory given back", released / (1 << 20))
