@@ -45,9 +45,11 @@ def good_request(port: int) -> bytes:
     ).encode() + GOOD_BODY
 
 
-def metric(port: int, name: str, reason: str) -> float:
+def metric(port: int, name: str, reason: str | None = None) -> float:
+    """A counter's value from the server's /metrics (with that `reason` label, if given); 0 when absent."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    found = re.search(rf'^{name}_total{{reason="{reason}"}} (\S+)$', text, re.MULTILINE)
+    labels = f'{{reason="{reason}"}}' if reason is not None else ""
+    found = re.search(rf"^{name}_total{re.escape(labels)} (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 

@@ -8,20 +8,20 @@ trims, and compares what their RSS grew by.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from batchpilot.runtime.heap import heap_trimmer, resident_bytes
-from test_hardening_server import server_process
+from test_connection_limits import metric
+from test_hardening_server import http_post, server_process
 
 MIB = 1 << 20
+INFER = "/v2/models/textcls/infer"
 glibc_only = pytest.mark.skipif(heap_trimmer() is None, reason="malloc_trim is glibc's")
 
 
@@ -61,38 +61,24 @@ def test_the_trimmer_gives_back_freed_memory_that_small_survivors_pin() -> None:
     assert out["after"] < out["freed"] - 150 * MIB
 
 
-def heap_metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    match = re.search(rf"^{name}_total (\S+)$", text, re.MULTILINE)
-    assert match, f"{name} is not exported"
-    return float(match.group(1))
-
-
-def infer(port: int, length: int) -> None:
-    body = json.dumps(
-        {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, length], "data": [7] * length}]}
-    ).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v2/models/textcls/infer", body, {"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        assert reply.status == 200
+def tokens_doc(length: int) -> dict[str, object]:
+    return {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, length], "data": [7] * length}]}
 
 
 def rss_growth_over_new_shapes(repository: Path, log: Path, interval_s: float) -> tuple[float, float]:
     """(RSS growth in MiB over 240 new lengths, MiB the server says its trims gave back)."""
     with server_process(repository, log, "--heap-trim-interval", str(interval_s)) as served:
         for length in (8, 9, 8, 9):  # warm-up: first calls allocate what every call reuses
-            infer(served.http, length)
+            assert http_post(served.http, INFER, tokens_doc(length)) == 200
         time.sleep(2 * interval_s)
         start = served.rss_mib()
         for length in range(16, 256):
-            infer(served.http, length)
+            assert http_post(served.http, INFER, tokens_doc(length)) == 200
         time.sleep(3 * interval_s)  # a trim or two after the last one
         growth = served.rss_mib() - start
-        released = heap_metric(served.http, "batchpilot_heap_released_bytes") / MIB
+        released = metric(served.http, "batchpilot_heap_released_bytes") / MIB
         if interval_s > 0:
-            assert heap_metric(served.http, "batchpilot_heap_trims") >= 2
+            assert metric(served.http, "batchpilot_heap_trims") >= 2
         assert served.stop() == 0
     return growth, released
 
