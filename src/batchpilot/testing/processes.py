@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,8 +15,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_port() -> int:
+    """A loopback port nothing listens on, below the kernel's ephemeral range when it can: a port from that range
+    can become some outgoing connection's local end between this check and the server's bind (seen: kwok's
+    "address already in use" on a port picked here)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200 if low > 11000 else 0):
+        port = rng.randrange(10000, low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
