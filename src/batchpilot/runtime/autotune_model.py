@@ -203,7 +203,8 @@ class Epoch:
             pace == 0 or in_server / pace > self.slo_s
         )
 
-    def measure(self, now: float) -> Measurement:
+    def measure(self, now: float, in_server: int | None = None) -> Measurement:
+        """The epoch's figures; `in_server` (items in the server now) gives the queue's growth since it settled."""
         duration = max(now - self.settled_at, 1e-9)
         frontend, background, own = self._cpu_shares()
         lat = np.asarray(self.latencies)
@@ -229,6 +230,10 @@ class Epoch:
             background_cpu=background,
             own_cpu=own,
             lag_ratio=lag_ratio(np.asarray(self.lags), np.asarray(self.done_at), now),
+            in_server=in_server,
+            backlog_growth=None
+            if in_server is None or self.backlog_at_settle is None
+            else in_server - self.backlog_at_settle,
         )
 
     def _cpu_shares(self) -> tuple[float | None, float, float]:
@@ -272,3 +277,5 @@ class Measurement:
     background_cpu: float = 0.0  # share of the process's core(s) other models took (their executors and items)
     own_cpu: float = 0.0  # share this model took (its executor and its items' front-end work)
     lag_ratio: float | None = None  # arrivals' time after the answers against chance (`lag_ratio`); None: untold
+    in_server: int | None = None  # items in the server when measured (None: not told)
+    backlog_growth: int | None = None  # of them, how many more than when the epoch settled
