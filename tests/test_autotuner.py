@@ -713,3 +713,34 @@ def test_a_first_break_on_a_short_reading_is_measured_again_unless_the_queue_rea
     assert grew is not None and grew.changed and grew.reason == "slo-violation" and grew.params != here
     long_queue = after_no_better_plan(replace(reading, in_server=60, backlog_growth=0))  # 2 x 50 ms x 460/s = 46
     assert long_queue is not None and long_queue.changed
+
+
+def test_a_break_on_a_busy_executor_is_never_answered_with_batches_smaller_than_its_queue_forms() -> None:
+    """NLP batches pad to longer lengths as they grow, so their cost per item rises with the size and the fit
+    pivots towards the origin: little or no fixed cost per batch, a 1-item batch about as cheap per item as a
+    64-item one. On a busy executor such plans answered breaks with 64 -> 1 item (live, a soak at 85% load: p99
+    0.25 -> 1.1 s as the batches fell to 1-4 items). The pick keeps to batches no smaller than the queue forms;
+    an idle executor's break may still go small."""
+    here, one, half = TuningParams(64, 0.0), TuningParams(1, 0.0), TuningParams(32, 0.0)
+    busy = Measurement(
+        params=here, duration_s=1.0, completed=500, items_per_s=502.0, arrival_rate=457.0, company_share=1.0,
+        mean_s=0.108, mean_se=0.004, mean_wait_s=0.041, p99_s=0.252, utilization=0.997, largest_batch=64,
+        mean_batch=17.4, peak_in_server=66, lag_ratio=0.96,
+    )  # fmt: skip
+    fit = LatencyFit(1.6856e-3, 0.0)
+
+    def predicted(p: TuningParams, p99: float) -> CandidatePrediction:
+        return CandidatePrediction(p, 457.0, p99, 0.5 * p99, float(p.max_batch_size), 0.8, False)
+
+    preds = (predicted(here, 0.250), predicted(one, 0.066), predicted(half, 0.120))
+    job = PlanJob("open", fit, (here, one, half), 0.045, 0.0, 2000, arrival_rate=457.0)
+
+    def answer(m: Measurement) -> Decision | None:
+        tuner = Autotuner(spec(50), here)
+        out = _Outstanding(job, fit, read_workload(m), m, here, violation=True)
+        return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
+
+    kept_large = answer(busy)
+    assert kept_large is not None and kept_large.params == half
+    idle = answer(replace(busy, utilization=0.5))
+    assert idle is not None and idle.params == one

@@ -670,6 +670,7 @@ class Autotuner:
             # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
             # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
             and (not out.violation or c.items_per_s >= KEEP_PACE * m.arrival_rate)
+            and not (out.violation and not w.closed and self._below_the_queue(m, c.params))
             and (not frugal or self._no_emptier(c.params, m))
         ]
         meeting = [c for c in options if c.meets(slo)]
@@ -737,6 +738,16 @@ class Autotuner:
     def _unsimulated_share(m: Measurement, beside: Sequence[Neighbour]) -> float:
         """The share of the core other models took that the plan does not simulate `beside` this one."""
         return min(max(m.background_cpu - sum(nb.core_share for nb in beside), 0.0), MAX_BACKGROUND)
+
+    @staticmethod
+    def _below_the_queue(m: Measurement, params: TuningParams) -> bool:
+        """Would `params` cap a busy executor's batches below the size its queue forms? In an open loop smaller
+        batches then only add fixed costs per item, whatever the fit says: its fixed cost is least known for sizes
+        far below those it has seen (NLP batches pad to longer lengths as they grow, so the fit pivots towards the
+        origin: live, fits with 0-0.2 ms of fixed cost against 1.1-2.4 ms at other moments of the same soak), and
+        breaks answered with such sizes fell to 1-4 items (two soaks at 85% load: 64 -> 1 and 32 -> 4 -> 1, p99
+        0.2 -> 0.6-1.1 s)."""
+        return m.utilization >= BUSY and params.max_batch_size < m.mean_batch
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
