@@ -399,6 +399,13 @@ def test_an_open_loop_near_capacity_is_told_from_a_closed_one_by_its_arrivals() 
     m = pair._epoch.measure(3.0)  # type: ignore[union-attr]
     assert m.lag_ratio is not None and m.lag_ratio >= 0.8
     assert read_workload(m).closed
+    # A limit far above the batches that form: one batch is the largest that left, not the limit (live, a soak at
+    # 85% load under a limit of 64: batches of up to 12, 25 items in the server, read as closed by the count).
+    wide = Autotuner(spec(50), TuningParams(64, 0.0))
+    BatcherSim(CPU, Poisson(0.8 * 64 / CPU.mean(64)), wide.params, seed=1, tuner=wide).run_until(3.0)
+    m = wide._epoch.measure(3.0)  # type: ignore[union-attr]
+    assert m.largest_batch < m.peak_in_server < 64 and m.lag_ratio == pytest.approx(1.0, abs=0.15)
+    assert read_workload(replace(m, lag_ratio=None)).closed and not read_workload(m).closed
 
 
 class Cliff(LinearLatency):
