@@ -697,8 +697,8 @@ def test_beside_another_model_on_a_saturated_core_no_setting_costs_more_cpu_per_
 
 
 def test_a_first_break_on_a_short_reading_is_measured_again_unless_the_queue_really_grew() -> None:
-    """Violations are checked on epochs as short as 0.1 s, where 6% more arrivals than answers is chance (live, a
-    soak at 85% load took 10-13 backoffs a run on such readings, at once). A first break whose queue rose by a few
+    """Violations are checked on epochs as short as 0.1 s, where 6% more arrivals than answers is chance (live, in
+    soaks at 85% load 7-11 of the breaks logged a run came with such readings). A first break whose queue rose by a few
     items is measured again; one whose queue rose past two batches and the arrival count's noise is backed off
     at once, as is one holding twice the SLO's worth of work."""
     here = TuningParams(16, 0.002)

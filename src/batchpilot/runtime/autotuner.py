@@ -436,10 +436,10 @@ class Autotuner:
 
     def _queue_grows(self, m: Measurement) -> bool:
         """`_growing`, told from chance: the violation checks read epochs as short as 0.1 s, where 5% more arrivals
-        than answers is within the Poisson count's noise (live, a soak at 85% load: 10-13 of its backoffs a run
-        followed such a reading, at once and towards larger batches). So the queue must also have risen since the
-        epoch settled by more than two batches and two standard deviations of the arrival count, or hold twice the
-        SLO's worth of work at the pace served. Without queue figures, the rates alone."""
+        than answers is within the Poisson count's noise (live, soaks at 85% load: 7-11 of the breaks logged a run
+        came with such a reading, each then backed off at once and towards larger batches). So the queue must also
+        have risen since the epoch settled by more than two batches and two standard deviations of the arrival
+        count, or hold twice the SLO's worth of work at the pace served. Without queue figures, the rates alone."""
         if m.backlog_growth is None or m.in_server is None:
             return self._growing(m)
         if m.in_server > BACKLOG_SLOS * self._slo_s * m.items_per_s:
