@@ -554,7 +554,7 @@ def test_a_passing_stall_does_not_undo_a_good_setting() -> None:
     again from after the stall (logged, no change); the fixed backoff would drop the delay and double the
     size. Only a second break in a row at the same setting, or a tail past twice the SLO, backs off."""
     load = ClosedLoop(32, think_s=0.002)
-    sim, tuner = tuned(CPU, load, 30.0)
+    sim, tuner = tuned(CPU, load, 30.0, initial=TuningParams(16, 0.002))  # settles at 32 / 2 ms
     settled = tuner.params
     sim.latency = LinearLatency(4 * CPU.a_s, 4 * CPU.b_s)
     sim.run_until(30.3)
@@ -751,3 +751,56 @@ def test_a_break_on_a_busy_executor_is_never_answered_with_batches_smaller_than_
     assert kept_large is not None and kept_large.params == half
     idle = answer(replace(busy, utilization=0.5))
     assert idle is not None and idle.params == one
+
+
+class Knee(LinearLatency):
+    """Dearer per item in small batches than in large ones (a CNN on a CPU core shared with its front-ends:
+    resnet-mini read 1.36 ms per item over batches of 1-8 items and about 0.75 beyond)."""
+
+    def mean(self, n: int) -> float:
+        return super().mean(n) if n <= 8 else super().mean(8) + 0.55 * self.a_s * (n - 8)
+
+
+def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() -> None:
+    """A fit over batches of 1-8 items through the origin (1.5 ms per item, no fixed cost) promises nothing from
+    larger batches, so no plan tries them: live, 32 clients after a load step stayed at 8-item batches, 76% of the
+    best static setting's items/s, as the line fitted over 1-8 items priced 64 at 89 ms. Sizes the clients could
+    fill, beyond twice the largest fitted, are measured once (a trial, given back if it loses), not again within
+    the fit's memory, and not for an open loop."""
+    here = TuningParams(8, 0.004)
+    reading = Measurement(
+        params=here, duration_s=2.0, completed=1500, items_per_s=660.0, arrival_rate=660.0, company_share=1.0,
+        mean_s=0.045, mean_se=0.001, mean_wait_s=0.03, p99_s=0.048, utilization=0.99, largest_batch=8,
+        mean_batch=8.0, full_share=1.0, peak_in_server=32, lag_ratio=0.5,
+    )  # fmt: skip
+    assert read_workload(reading).closed and read_workload(reading).clients == 32
+
+    def next_move(m: Measurement, tuner: Autotuner | None = None, at: float = 2.0) -> tuple[Autotuner, Decision | None]:
+        tuner = tuner or Autotuner(spec(50), here)
+        for i, n in enumerate((1, 2, 8) * 12):
+            tuner.record_batch(n, 1.5e-3 * n, at - 1.0 + i * 0.02)
+        tuner._inc_meas = m
+        return tuner, tuner._next(at)
+
+    tuner, wider = next_move(reading)
+    assert wider is not None and (wider.reason, wider.detail["knob"]) == ("probe", "wider")
+    assert wider.params == TuningParams(32, 0.004)
+    tuner._params = here  # given back (it lost): not measured again while its batches are in the fit
+    assert next_move(reading, tuner, at=10.0)[1] is None
+    _, again = next_move(reading, tuner, at=40.0)
+    assert again is not None and again.params == TuningParams(32, 0.004)
+    assert next_move(replace(reading, lag_ratio=1.0, peak_in_server=40))[1] is None  # open loop: no
+
+
+def test_a_load_step_onto_a_knee_reaches_the_best_static_setting() -> None:
+    """2 clients, then 32, on a model dearer per item in small batches: measuring wider sizes costs nothing
+    lasting (at least 0.95x the best static setting within the SLO after the step)."""
+    knee = Knee(a_s=1.36e-3, b_s=1.73e-3, noise=0.1)
+    tuner = Autotuner(spec(50), COLD)
+    sim = BatcherSim(knee, ClosedLoop(2, think_s=0.0015), COLD, seed=3, tuner=tuner)
+    sim.run_until(30.0)
+    sim.load = ClosedLoop(32, think_s=0.0015)
+    sim.run_until(70.0)
+    best_x, _ = oracle(knee, ClosedLoop(32, think_s=0.0015))
+    after = sim.stats(45.0, 70.0)
+    assert after.throughput_rps >= 0.95 * best_x and after.p99_s <= 0.050
