@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,6 +92,10 @@ def stock_kserve_server(model_path: Path, name: str, output: str) -> Iterator[in
         yield http
 
 
+class MissingTool(Exception):
+    """A load generator this benchmark needs is not installed (not an error of the system measured)."""
+
+
 @dataclass
 class WrkResult:
     requests_per_s: float
@@ -118,6 +123,8 @@ def wrk(
     url: str, body: bytes, headers: dict[str, str], *, connections: int, duration_s: int, workdir: Path
 ) -> WrkResult:
     """POST the same body over `connections` keep-alive connections; one wrk thread on the client core."""
+    if shutil.which("wrk") is None:  # (else every row would read as a failed measurement)
+        raise MissingTool("wrk is not installed: apt-get install wrk (Debian's package)")
     body_path = workdir / "body.bin"
     body_path.write_bytes(body)
     script = workdir / "post.lua"

@@ -765,8 +765,8 @@ def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() ->
     """A fit over batches of 1-8 items through the origin (1.5 ms per item, no fixed cost) promises nothing from
     larger batches, so no plan tries them: live, 32 clients after a load step stayed at 8-item batches, 76% of the
     best static setting's items/s, as the line fitted over 1-8 items priced 64 at 89 ms. Sizes the clients could
-    fill, beyond twice the largest fitted, are measured once (a trial, given back if it loses), not again within
-    the fit's memory, and not for an open loop."""
+    fill, beyond twice the largest fitted, are measured once (a trial, given back if it loses; after an SLO break, the
+    new setting), not again within the fit's memory, and not for an open loop."""
     here = TuningParams(8, 0.004)
     reading = Measurement(
         params=here, duration_s=2.0, completed=1500, items_per_s=660.0, arrival_rate=660.0, company_share=1.0,
@@ -775,10 +775,13 @@ def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() ->
     )  # fmt: skip
     assert read_workload(reading).closed and read_workload(reading).clients == 32
 
-    def next_move(m: Measurement, tuner: Autotuner | None = None, at: float = 2.0) -> tuple[Autotuner, Decision | None]:
-        tuner = tuner or Autotuner(spec(50), here)
+    def fitted(tuner: Autotuner, at: float) -> Autotuner:
         for i, n in enumerate((1, 2, 8) * 12):
             tuner.record_batch(n, 1.5e-3 * n, at - 1.0 + i * 0.02)
+        return tuner
+
+    def next_move(m: Measurement, tuner: Autotuner | None = None, at: float = 2.0) -> tuple[Autotuner, Decision | None]:
+        tuner = fitted(tuner or Autotuner(spec(50), here), at)
         tuner._inc_meas = m
         return tuner, tuner._next(at)
 
@@ -790,6 +793,11 @@ def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() ->
     _, again = next_move(reading, tuner, at=40.0)
     assert again is not None and again.params == TuningParams(32, 0.004)
     assert next_move(replace(reading, lag_ratio=1.0, peak_in_server=40))[1] is None  # open loop: no
+    # An SLO break is answered the same way, before any re-plan (whose pick the same line would keep small).
+    broken = fitted(Autotuner(spec(50), here), 2.0)
+    wide = broken._on_violation(replace(reading, p99_s=0.080), now=3.0)
+    assert wide is not None and (wide.reason, wide.detail["knob"]) == ("slo-violation", "wider")
+    assert broken._incumbent == wide.params == TuningParams(32, 0.004)
 
 
 def test_a_load_step_onto_a_knee_reaches_the_best_static_setting() -> None:

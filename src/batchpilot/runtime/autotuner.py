@@ -18,7 +18,7 @@ predicted the tuner is settled and makes no changes until the load or the latenc
 No trial starts while an open-loop queue holds more than the SLO's worth of work.
 Before a fit over several batch sizes exists, one probe (size x2 or /2) supplies one.
 A closed loop whose clients could fill batches of twice the largest size fitted or more measures the largest
-such size once (`_wider`): a line is not trusted far beyond the sizes behind it.
+such size once (`_wider`; at an SLO break, before any re-plan): a line is not trusted far beyond its sizes.
 A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is
 abandoned; the incumbent is re-planned with its measured tail (which scales every predicted one) and
 gives way to the plan's pick. With nothing predicted to do better, a first break is measured again from
@@ -399,6 +399,13 @@ class Autotuner:
             return None  # one re-plan per epoch: on its way, or it found nothing better
         if (futile := self._futile(m, now)) is not None:
             return futile
+        if (wider := self._wider(m, read_workload(m), now)) is not None:
+            # The plan cannot be trusted beyond its sizes (its extrapolation is what keeps the batches small): live,
+            # a step from 2 to 32 clients climbed 2 -> 4 -> 8 -> 16 through breaks and re-measurements for 23 s.
+            self._widened[wider.max_batch_size] = now
+            self._incumbent, self._inc_meas = wider, None
+            self._reopen()
+            return self._move(wider, "slo-violation:wider", now, self._figures(m))
         fit = self._fit()
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and math.isfinite(m.p99_s):
             self._replanned = self._epoch
