@@ -793,6 +793,12 @@ def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() ->
     _, again = next_move(reading, tuner, at=40.0)
     assert again is not None and again.params == TuningParams(32, 0.004)
     assert next_move(replace(reading, lag_ratio=1.0, peak_in_server=40))[1] is None  # open loop: no
+    # Nor when the limit was in force lately for another reason, its batches short of it (32 clients at 32 / 2 ms
+    # formed batches of 16 live, so the largest size fitted stayed 16).
+    probed = Autotuner(spec(50), here)
+    probed._move(TuningParams(32, 0.004), "probe:size", 1.0, {})
+    probed._move(here, "revert", 1.5, {})
+    assert next_move(reading, probed)[1] is None
     # An SLO break is answered the same way, before any re-plan (whose pick the same line would keep small).
     broken = fitted(Autotuner(spec(50), here), 2.0)
     wide = broken._on_violation(replace(reading, p99_s=0.080), now=3.0)

@@ -176,7 +176,7 @@ class Autotuner:
         self._lost_sizes: set[int] = set()  # sizes whose planned trial lost in this search
         self._trials = 0  # planned settings tried in this search
         self._probed = False
-        self._widened: dict[int, float] = {}  # sizes probed beyond the fit (`_wider`): when
+        self._limits_put: dict[int, float] = {}  # size limits put in force (any move): when, the latest
         self._planned: TuningParams | None = None  # the setting the last plan chose, while in force
         self._backoff_dir = 0  # +1 / -1: the size was last backed off up / down
         self._inc_meas: Measurement | None = None
@@ -402,7 +402,6 @@ class Autotuner:
         if (wider := self._wider(m, read_workload(m), now)) is not None:
             # The plan cannot be trusted beyond its sizes (its extrapolation is what keeps the batches small): live,
             # a step from 2 to 32 clients climbed 2 -> 4 -> 8 -> 16 through breaks and re-measurements for 23 s.
-            self._widened[wider.max_batch_size] = now
             self._incumbent, self._inc_meas = wider, None
             self._reopen()
             return self._move(wider, "slo-violation:wider", now, self._figures(m))
@@ -553,19 +552,19 @@ class Autotuner:
             if probe != self._incumbent and (up or not self._frugal(m, w)):
                 return self._move(probe, "probe:size", now, self._figures(m))
         if fit is not None and not fit.one_size and (wider := self._wider(m, w, now)) is not None:
-            self._widened[wider.max_batch_size] = now
             return self._move(wider, "probe:wider", now, self._figures(m))
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and self._trials < PLAN_TRIALS:
             return self._request_plan(fit, w, m, now, violation=False)
         return self._settle(m, now)
 
     def _wider(self, m: Measurement, w: Workload, now: float) -> TuningParams | None:
-        """A closed loop whose clients could fill batches of at least twice the largest size fitted: the incumbent
-        with the largest such size, to measure it once (every FIT_MEMORY_S at most). Beyond the sizes behind it the
-        line is an extrapolation, and a pessimistic one is never corrected, as no plan then tries those sizes: a CNN
-        on one core read 1.36 ms per item over batches of 1-8 and about 0.75 beyond, so the plan priced 64-item
-        batches at 89 ms and kept 32 clients to 8-item batches (live, a load step: 76% of the best static
-        setting's items/s). A trial like any other: given back within its epoch if it loses."""
+        """A closed loop whose clients could fill batches of at least twice the largest size fitted: the incumbent with
+        the largest such size, to measure it once (not while that limit was in force within FIT_MEMORY_S). Beyond the
+        sizes behind it the line is an extrapolation, and a pessimistic one is never corrected, as no plan then tries
+        those sizes: a CNN on one core read 1.36 ms per item over batches of 1-8 and about 0.75 beyond, so the plan
+        priced 64-item batches at 89 ms and kept 32 clients to 8-item batches (live, a load step: 76% of the best static
+        setting's items/s). Searching, a trial like any other (given back within its epoch if it loses); at an SLO
+        break, the new setting (its re-plan then fits over the size)."""
         fitted = self._recent_batches()
         if not w.closed or not len(fitted):
             return None
@@ -573,7 +572,8 @@ class Autotuner:
         fill = min(w.clients, self._ceiling)
         sizes = {c.max_batch_size for c in candidate_grid(self._lo_n, self._ceiling, self._lo_d, self._lo_d)}
         target = max((n for n in sizes if n <= fill), default=0)
-        recent = self._widened.get(target)
+        recent = self._limits_put.get(target)  # (batches under a limit need not fill it: 32 clients at 32 / 2 ms
+        # formed batches of 16, so "largest fitted" alone had the limit put in force again within seconds, live)
         if target < 2 * largest or target <= self._incumbent.max_batch_size:
             return None
         if target in self._lost_sizes or (recent is not None and now - recent < FIT_MEMORY_S):
@@ -949,6 +949,7 @@ class Autotuner:
             return None
         detail = {"from": _params_dict(self._params), **({"knob": knob} if knob else {}), **detail}
         self._params = to
+        self._limits_put[to.max_batch_size] = now
         self._changes += 1
         return Decision(to, reason, detail)
 
