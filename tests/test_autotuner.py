@@ -818,3 +818,26 @@ def test_a_load_step_onto_a_knee_reaches_the_best_static_setting() -> None:
     best_x, _ = oracle(knee, ClosedLoop(32, think_s=0.0015))
     after = sim.stats(45.0, 70.0)
     assert after.throughput_rps >= 0.95 * best_x and after.p99_s <= 0.050
+
+
+def test_a_size_probe_is_not_repeated_while_its_limit_brought_no_other_size() -> None:
+    """32 clients formed batches of 16 under a limit of 16 and of 32 alike (half of them in the front-end while a
+    batch runs), so the fit stays one-size and the probe up to 32 came back after every reopen: 8 changes in 17 s
+    at one level, live. A limit in force within the fit's memory is not probed again."""
+    here = TuningParams(16, 0.002)
+    reading = Measurement(
+        params=here, duration_s=2.0, completed=1700, items_per_s=880.0, arrival_rate=880.0, company_share=1.0,
+        mean_s=0.034, mean_se=0.001, mean_wait_s=0.017, p99_s=0.045, utilization=0.86, largest_batch=16,
+        mean_batch=16.0, full_share=1.0, peak_in_server=32, lag_ratio=0.2,
+    )  # fmt: skip
+    tuner = Autotuner(spec(50), here)
+    for i in range(40):
+        tuner.record_batch(16, 0.016, 1.0 + i * 0.02)
+    tuner._inc_meas = reading
+    probe = tuner._next(2.0)
+    assert probe is not None and (probe.reason, probe.params) == ("probe", TuningParams(32, 0.002))
+    tuner._move(here, "revert", 4.0, {})  # its batches were 16 again
+    tuner._reopen()  # (an SLO break, a re-plan)
+    tuner._inc_meas = reading
+    again = tuner._next(6.0)
+    assert again is None or again.params.max_batch_size != 32

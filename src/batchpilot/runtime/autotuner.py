@@ -548,8 +548,11 @@ class Autotuner:
             # seen (a closed loop of fewer clients than the limit fills every batch with all of them).
             up = m.largest_batch >= n and m.peak_in_server > n
             probe = self._clip(replace(self._incumbent, max_batch_size=n * 2 if up else min(n, m.largest_batch) // 2))
-            # A frugal loop does not probe down: halving its batches beside another model broke both SLOs live.
-            if probe != self._incumbent and (up or not self._frugal(m, w)):
+            # A frugal loop does not probe down: halving its batches beside another model broke both SLOs live. A
+            # limit in force lately brought no other size (batches under a limit need not fill it: 32 clients formed
+            # batches of 16 under 16 and 32 alike, and the probe to 32 came back after every reopen, live).
+            lately = self._put_lately(probe.max_batch_size, now)
+            if probe != self._incumbent and not lately and (up or not self._frugal(m, w)):
                 return self._move(probe, "probe:size", now, self._figures(m))
         if fit is not None and not fit.one_size and (wider := self._wider(m, w, now)) is not None:
             return self._move(wider, "probe:wider", now, self._figures(m))
@@ -572,13 +575,18 @@ class Autotuner:
         fill = min(w.clients, self._ceiling)
         sizes = {c.max_batch_size for c in candidate_grid(self._lo_n, self._ceiling, self._lo_d, self._lo_d)}
         target = max((n for n in sizes if n <= fill), default=0)
-        recent = self._limits_put.get(target)  # (batches under a limit need not fill it: 32 clients at 32 / 2 ms
-        # formed batches of 16, so "largest fitted" alone had the limit put in force again within seconds, live)
         if target < 2 * largest or target <= self._incumbent.max_batch_size:
             return None
-        if target in self._lost_sizes or (recent is not None and now - recent < FIT_MEMORY_S):
+        # (Batches under a limit need not fill it: 32 clients at 32 / 2 ms formed batches of 16, so "the largest
+        # size fitted" alone put the limit back within seconds, live.)
+        if target in self._lost_sizes or self._put_lately(target, now):
             return None
         return replace(self._incumbent, max_batch_size=target)
+
+    def _put_lately(self, max_batch_size: int, now: float) -> bool:
+        """Was this size limit in force within FIT_MEMORY_S (its batches, if any, still in the fit)?"""
+        at = self._limits_put.get(max_batch_size)
+        return at is not None and now - at < FIT_MEMORY_S
 
     def _settle(self, m: Measurement, now: float) -> Decision | None:
         self._settled, self._ref, self._backoff_dir = True, m, 0
