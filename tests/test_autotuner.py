@@ -753,6 +753,19 @@ def test_a_break_on_a_busy_executor_is_never_answered_with_batches_smaller_than_
     assert idle is not None and idle.params == one
 
 
+def closed_reading(
+    params: TuningParams, *, rate: float, mean_s: float, p99_s: float, utilization: float, peak_in_server: int
+) -> Measurement:
+    """A 2-s epoch of a saturated closed loop: full batches of the limit, items answered as they arrive."""
+    n = params.max_batch_size
+    return Measurement(
+        params=params, duration_s=2.0, completed=int(2 * rate), items_per_s=rate, arrival_rate=rate,
+        company_share=1.0, mean_s=mean_s, mean_se=0.001, mean_wait_s=mean_s / 2, p99_s=p99_s,
+        utilization=utilization, largest_batch=n, mean_batch=float(n), full_share=1.0,
+        peak_in_server=peak_in_server, lag_ratio=0.3,
+    )  # fmt: skip
+
+
 class Knee(LinearLatency):
     """Dearer per item in small batches than in large ones (a CNN on a CPU core shared with its front-ends:
     resnet-mini read 1.36 ms per item over batches of 1-8 items and about 0.75 beyond)."""
@@ -768,11 +781,7 @@ def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() ->
     fill, beyond twice the largest fitted, are measured once (a trial, given back if it loses; after an SLO break, the
     new setting), not again within the fit's memory, and not for an open loop."""
     here = TuningParams(8, 0.004)
-    reading = Measurement(
-        params=here, duration_s=2.0, completed=1500, items_per_s=660.0, arrival_rate=660.0, company_share=1.0,
-        mean_s=0.045, mean_se=0.001, mean_wait_s=0.03, p99_s=0.048, utilization=0.99, largest_batch=8,
-        mean_batch=8.0, full_share=1.0, peak_in_server=32, lag_ratio=0.5,
-    )  # fmt: skip
+    reading = closed_reading(here, rate=660.0, mean_s=0.045, p99_s=0.048, utilization=0.99, peak_in_server=32)
     assert read_workload(reading).closed and read_workload(reading).clients == 32
 
     def fitted(tuner: Autotuner, at: float) -> Autotuner:
@@ -825,11 +834,7 @@ def test_a_size_probe_is_not_repeated_while_its_limit_brought_no_other_size() ->
     batch runs), so the fit stays one-size and the probe up to 32 came back after every reopen: 8 changes in 17 s
     at one level, live. A limit in force within the fit's memory is not probed again."""
     here = TuningParams(16, 0.002)
-    reading = Measurement(
-        params=here, duration_s=2.0, completed=1700, items_per_s=880.0, arrival_rate=880.0, company_share=1.0,
-        mean_s=0.034, mean_se=0.001, mean_wait_s=0.017, p99_s=0.045, utilization=0.86, largest_batch=16,
-        mean_batch=16.0, full_share=1.0, peak_in_server=32, lag_ratio=0.2,
-    )  # fmt: skip
+    reading = closed_reading(here, rate=880.0, mean_s=0.034, p99_s=0.045, utilization=0.86, peak_in_server=32)
     tuner = Autotuner(spec(50), here)
     for i in range(40):
         tuner.record_batch(16, 0.016, 1.0 + i * 0.02)
