@@ -259,7 +259,8 @@ def test_a_violation_with_full_batches_grows_them_even_below_90_percent_busy() -
     tuner = Autotuner(spec(50), TuningParams(16, 0.0))
     decisions = []
     t, i = 0.0, 0
-    while t < 3.0 and not decisions:  # 32 closed-loop clients: 16 arrive while a batch of 16 runs
+    tuner.record_arrival(16, 0.0)  # 32 closed-loop clients: 16 queued, and 16 arrive while a batch of 16 runs
+    while t < 3.0 and not decisions:
         tuner.record_arrival(16, t + 0.010)
         t += 0.020  # a batch of 16 each 20 ms, 17 ms of it computing: 85% busy
         tuner.record_batch(16, 0.017, t)
@@ -846,3 +847,18 @@ def test_a_size_probe_is_not_repeated_while_its_limit_brought_no_other_size() ->
     tuner._inc_meas = reading
     again = tuner._next(6.0)
     assert again is None or again.params.max_batch_size != 32
+
+
+def test_a_closed_loop_backs_off_to_fuller_batches_never_to_emptier_ones() -> None:
+    """32 closed-loop clients break the SLO with no plan to answer it (the fixed backoff). Their round trip is
+    clients / items per second, so only fuller batches shorten it: full batches of 16 on a 60%-busy executor
+    double the limit, and batches leaving short of it take the next longer delay. The old backoff dropped the
+    delay, then halved the size (live, textcls at 32 clients: 16 / 2 ms -> 16 / 0 -> 8 / 0, from 1,130 items/s to
+    580-810, each further break answered by a further drop)."""
+    here = TuningParams(16, 0.002)
+    full = closed_reading(here, rate=820.0, mean_s=0.030, p99_s=0.058, utilization=0.6, peak_in_server=32)
+    assert read_workload(full).closed
+    assert Autotuner(spec(50), here)._backoff(full) == TuningParams(32, 0.002)
+    nodelay = TuningParams(16, 0.0)
+    short = replace(full, params=nodelay, mean_batch=11.0, full_share=0.2)
+    assert Autotuner(spec(50), nodelay)._backoff(short) == TuningParams(16, 0.0005)
