@@ -862,3 +862,25 @@ def test_a_closed_loop_backs_off_to_fuller_batches_never_to_emptier_ones() -> No
     nodelay = TuningParams(16, 0.0)
     short = replace(full, params=nodelay, mean_batch=11.0, full_share=0.2)
     assert Autotuner(spec(50), nodelay)._backoff(short) == TuningParams(16, 0.0005)
+
+
+def test_a_closed_loop_whose_batches_leave_short_of_its_clients_tries_a_longer_delay_before_settling() -> None:
+    """32 closed-loop clients on one core under 32 / 2 ms form batches of 16, and the plan finds nothing better (live,
+    its turn-taking model does not see the clients come back over the front-ends' time; 32 / 5 ms served 30% more
+    at a lower p99). Before settling, the next longer delay is tried; batches that hold the clients settle at once."""
+    here, here_4ms = TuningParams(32, 0.002), TuningParams(32, 0.004)
+    reading = closed_reading(here, rate=815.0, mean_s=0.039, p99_s=0.044, utilization=0.85, peak_in_server=32)
+    short = replace(reading, mean_batch=16.0, full_share=0.0)
+    preds = (CandidatePrediction(here, 815.0, 0.044, 0.039, 16.0, 0.85, True),)
+    fit = LatencyFit(2.3e-3, 0.9e-3)
+    job = PlanJob("closed", fit, (here,), 0.045, 0.0, 2000, clients=32, think_s=0.0)
+
+    def answer(m: Measurement) -> tuple[Autotuner, Decision | None]:
+        tuner = Autotuner(spec(50), here, cores=1)
+        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        return tuner, tuner._after_plan(out, Solved(Plan(preds[0], True, 0.045, preds), 0.0), now=10.0)
+
+    _, probe = answer(short)
+    assert probe is not None and (probe.reason, probe.detail["knob"], probe.params) == ("probe", "delay", here_4ms)
+    tuner, settled = answer(replace(short, mean_batch=31.0))
+    assert settled is None and tuner.params == here
