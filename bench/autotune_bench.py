@@ -10,7 +10,9 @@ Phases (--phases, comma-separated):
           (max batch sizes up to the level plus the next power of two, x delays; size 1 only with delay 0),
           every setting a model of its own in one server; the top 3 re-measured after the sweep (the noise);
           the oracle = the best mean throughput of those whose p99 met the SLO. Then the autotuned model,
-          cold and alone in a fresh server per level: the first --settle-s discarded, the rest measured.
+          cold and alone in a fresh server per level: the first --settle-s discarded, the rest measured; just
+          before it, the oracle's setting in a fresh one-model server too (static, the same window after a
+          warm-up), as the autotuned model is served and measured.
   open    open loop (Poisson arrivals) at 50/80/95% of the open-loop capacity: the static best setting vs
           the autotuned model (fresh server per rate). The static best setting is the oracle of the highest
           level (closed loop; without levels results, the demo setting measured with wrk at 64 connections).
@@ -426,6 +428,16 @@ def levels_phase(
     for enc in cfg.encodings:
         body = workload(model, enc)
         for c in cfg.levels:
+            level = out["encodings"][enc]["levels"][str(c)]
+            if (best := oracle(level, slo)) is not None:
+                level["oracle_solo"] = solo_static(
+                    solo, spec, body, c, (best["max_batch_size"], best["delay_ms"]), cfg, tmp
+                )
+                print(
+                    f"  {model} {enc} c={c:2d} oracle's {best['max_batch_size']} / {best['delay_ms']} ms in a fresh "
+                    f"server: {level['oracle_solo']['rps']:7.1f} req/s  p99 {level['oracle_solo']['p99_ms']:7.1f} ms",
+                    flush=True,
+                )
             log = logs / f"levels-{model}-{enc}-c{c}.log"
             with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
                 infer = f"http://{HOST}:{port}/v2/models/{model}/infer"
@@ -450,6 +462,18 @@ def levels_phase(
                 flush=True,
             )
     return out
+
+
+def solo_static(
+    solo: Path, spec: ModelSpec, body: Workload, c: int, setting: tuple[int, int], cfg: Config, tmp: Path
+) -> dict[str, Any]:
+    """A static setting in a fresh one-model server, as the autotuned model is served and measured: the same
+    measured window after a warm-up (the grid server's figures are another server's)."""
+    with server(solo, env=specs_env(spec_doc(spec, static=setting))) as port:
+        infer = f"http://{HOST}:{port}/v2/models/{spec.name}/infer"
+        wrk_run(infer, body, c, cfg.static_warm_s, tmp)
+        row = wrk_run(infer, body, c, cfg.tuned_s - cfg.settle_s, tmp)
+    return {"max_batch_size": setting[0], "delay_ms": setting[1], **row}
 
 
 def top_static(rows: list[dict[str, Any]], slo: float, k: int) -> list[dict[str, Any]]:
@@ -888,6 +912,7 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         for enc, e in r["encodings"].items():
             ratios: list[tuple[float, int]] = []  # (autotuned / oracle, connections)
             seconds: list[float] = []  # autotuned / the oracle's second run alone (not picked by the sweep)
+            solos: list[tuple[float, float]] = []  # (autotuned, the grid's oracle) / its setting in a fresh server
             bias: list[float] = []  # the oracle's second run / its first
             slo_levels = slo_met = 0
             for c, level in sorted(e["levels"].items(), key=lambda kv: int(kv[0])):
@@ -902,6 +927,8 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     within = "yes" if ok else "NO"
                 if tuned:
                     ratios.append((ratio, int(c)))
+                if tuned and (alone := level.get("oracle_solo")) and alone["rps"] > 0:
+                    solos.append((tuned["rps"] / alone["rps"], best["rps"] / alone["rps"]))
                 if len(best["runs"]) == 2 and best["runs"][0][0] > 0 and best["runs"][1][0] > 0:
                     bias.append(best["runs"][1][0] / best["runs"][0][0])
                     if tuned:
@@ -971,6 +998,13 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                         f"  - the oracle's second runs averaged {np.mean(bias):.2f}x its first (the sweep's pick of "
                         f"the best of many noisy runs); against the second run alone the autotuner averaged "
                         f"{np.mean(seconds):.2f}x (lowest {min(seconds):.2f}x)"
+                    )
+                if solos:
+                    verdicts.append(
+                        f"  - the oracle's setting in a fresh one-model server (served and measured as the autotuned "
+                        f"model is, just before it): the autotuner averaged {np.mean([a for a, _ in solos]):.2f}x it "
+                        f"(lowest {min(a for a, _ in solos):.2f}x, >= 0.95x at {sum(a >= 0.95 for a, _ in solos)}/"
+                        f"{len(solos)} levels); the grid server's oracle read {np.mean([g for _, g in solos]):.2f}x it"
                     )
     cfg = next(lv_all[m] for m in MODELS if m in lv_all)["config"]  # the one `differing` names
     headers = [
@@ -1488,6 +1522,7 @@ def plan_seconds(cfg: Config, phases: list[str]) -> dict[str, float]:
             + grid * (GRID_MODEL_START_S + (cfg.grid_warmup_s + WRK_OVERHEAD_S if cfg.grid_warmup_s else 0))
             + runs * (cfg.static_s + WRK_OVERHEAD_S)
             + tuned * (SERVER_START_S + cfg.tuned_s + 2 * WRK_OVERHEAD_S)
+            + tuned * (SERVER_START_S + cfg.static_warm_s + cfg.tuned_s - cfg.settle_s + 2 * WRK_OVERHEAD_S)
         )
     search = min(cfg.cap_budget_s, cfg.cap_probes * (cfg.cap_warmup_s + cfg.cap_window_s + 0.5))  # at most
     if "open" in phases:
