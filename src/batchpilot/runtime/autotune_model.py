@@ -60,6 +60,11 @@ class Workload:
     clients: int  # the population: the most items seen in the server at once
     think_s: float  # a client's mean time outside the server per round trip (inf without load)
 
+    @property
+    def grouped(self) -> bool:
+        """A closed loop of several clients: they wait on each other's batches and come back together."""
+        return self.closed and self.clients >= 2
+
 
 INDEPENDENT = 0.8  # arrivals whose lag after the answers is this share of chance's or more ignore the answers
 LAG_MIN_ARRIVALS = 50  # arrivals behind that comparison

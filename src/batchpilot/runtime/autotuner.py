@@ -378,7 +378,7 @@ class Autotuner:
             # capacity: 16 / 2 ms -> 16 / 0 ms here gave p99 52-57 ms, batches of 2, where 16 / 5 ms holds 24).
             return None
         w = read_workload(epoch.measure(now, self._in_server))
-        if w.closed and w.clients >= 2:
+        if w.grouped:
             # Clients that wait on each other's batch come back together, not as a Poisson trickle: the
             # plan decides (live, 2 clients lost 27% when this rule dropped the delay that paired them).
             return None
@@ -483,7 +483,7 @@ class Autotuner:
         580-810 items/s, every break answered by a further drop)."""
         p = self._params
         w = read_workload(m)
-        if self._frugal(m, w) or (w.closed and w.clients >= 2):
+        if self._frugal(m, w) or w.grouped:
             return self._fuller(m, w)
         if p.max_queue_delay_s > self._lo_d:
             return replace(p, max_queue_delay_s=self._lo_d)
@@ -545,21 +545,20 @@ class Autotuner:
 
     def _short(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
         """Do a closed loop's batches leave short of its clients (or of the limit `p`)?"""
-        return w.closed and w.clients >= 2 and m.mean_batch < FULL * min(p.max_batch_size, w.clients)
+        return w.grouped and m.mean_batch < FULL * min(p.max_batch_size, w.clients)
 
     def _longer(self, p: TuningParams) -> TuningParams | None:
         """`p` with the next longer delay of the ladder (None at its top)."""
         longer = next((d for d in self._ladder if d > p.max_queue_delay_s), None)
         return None if longer is None else replace(p, max_queue_delay_s=longer)
 
-    def _fill_or_settle(self, m: Measurement, now: float) -> Decision | None:
+    def _fill_or_settle(self, m: Measurement, w: Workload, now: float) -> Decision | None:
         """Before settling, a closed loop on one core whose batches leave short of its clients tries the next longer
         delay once per search (a trial: given back within its epoch if it loses; kept, it may be followed by the
         next). There the clients of a batch come back over the front-ends' time, which the plan's turn-taking model
         does not see: live at 32 clients, resnet-mini's 32 / 2 ms formed batches of 16 (815 items/s, p99 57 ms) where
         32 / 5 ms formed batches of 32 (1,062, p99 36.5), and every re-plan found nothing better than 32 / 2 ms. (With
         several cores the closed-loop plan simulates the clients' returns itself.)"""
-        w = read_workload(m)
         short = self._cores == 1 and self._short(self._incumbent, m, w)
         longer = self._longer(self._incumbent) if short else None
         if longer is not None and longer not in self._rejected:
@@ -596,7 +595,7 @@ class Autotuner:
             return self._move(wider, "probe:wider", now, self._figures(m))
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and self._trials < PLAN_TRIALS:
             return self._request_plan(fit, w, m, now, violation=False)
-        return self._fill_or_settle(m, now)
+        return self._fill_or_settle(m, w, now)
 
     def _wider(self, m: Measurement, w: Workload, now: float) -> TuningParams | None:
         """A closed loop whose clients could fill batches of at least twice the largest size fitted: the incumbent with
@@ -676,7 +675,7 @@ class Autotuner:
             self._trials += 1
             self._planned = replace(self._incumbent, max_padding_waste=waste)
             return self._move(self._planned, "plan:padding", now, {**self._figures(m), **self._padding_figures()})
-        return self._fill_or_settle(m, now)
+        return self._fill_or_settle(m, read_workload(m), now)  # (as measured: a plan may read many clients as open)
 
     def _plan_job(self, fit: LatencyFit, w: Workload, m: Measurement, violation: bool) -> _Outstanding:
         """The plan for this load over the grid within bounds (the incumbent included)."""
