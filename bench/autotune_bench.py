@@ -461,6 +461,15 @@ def levels_phase(
                 f"final {setting(final)}, {len(row['events'])} autotune events",
                 flush=True,
             )
+            if best is not None:  # again after it: the two bracket the autotuned run against the host's drift
+                level["oracle_solo_after"] = solo_static(
+                    solo, spec, body, c, (best["max_batch_size"], best["delay_ms"]), cfg, tmp
+                )
+                print(
+                    f"  {model} {enc} c={c:2d} oracle's setting again, fresh server: "
+                    f"{level['oracle_solo_after']['rps']:7.1f} req/s  p99 {level['oracle_solo_after']['p99_ms']:7.1f} ms",
+                    flush=True,
+                )
     return out
 
 
@@ -474,6 +483,21 @@ def solo_static(
         wrk_run(infer, body, c, cfg.static_warm_s, tmp)
         row = wrk_run(infer, body, c, cfg.tuned_s - cfg.settle_s, tmp)
     return {"max_batch_size": setting[0], "delay_ms": setting[1], **row}
+
+
+def fresh_oracle_rps(level: dict[str, Any]) -> float | None:
+    """The oracle's setting in fresh one-model servers: the mean of its runs just before and just after the
+    autotuned one (older results: before only); None without one."""
+    runs = [r["rps"] for key in ("oracle_solo", "oracle_solo_after") if (r := level.get(key)) and r["rps"] > 0]
+    return float(np.mean(runs)) if runs else None
+
+
+def fresh_cell(level: dict[str, Any], tuned: dict[str, Any] | None) -> str:
+    runs = [f"{r['rps']:.0f}" for key in ("oracle_solo", "oracle_solo_after") if (r := level.get(key))]
+    alone = fresh_oracle_rps(level)
+    if not runs:
+        return "-"
+    return " / ".join(runs) + (f" ({tuned['rps'] / alone:.2f}x)" if tuned and alone else "")
 
 
 def top_static(rows: list[dict[str, Any]], slo: float, k: int) -> list[dict[str, Any]]:
@@ -927,8 +951,8 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     within = "yes" if ok else "NO"
                 if tuned:
                     ratios.append((ratio, int(c)))
-                if tuned and (alone := level.get("oracle_solo")) and alone["rps"] > 0:
-                    solos.append((tuned["rps"] / alone["rps"], best["rps"] / alone["rps"]))
+                if tuned and (alone := fresh_oracle_rps(level)):
+                    solos.append((tuned["rps"] / alone, best["rps"] / alone))
                 if len(best["runs"]) == 2 and best["runs"][0][0] > 0 and best["runs"][1][0] > 0:
                     bias.append(best["runs"][1][0] / best["runs"][0][0])
                     if tuned:
@@ -947,6 +971,7 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                         fmt_ms(tuned["p99_ms"]) if tuned else "-",
                         setting(tuned["final"]) if tuned else "-",
                         f"{ratio:.2f}x" if tuned else "-",
+                        fresh_cell(level, tuned),
                         within,
                         "ok" if tuned and ratio >= 0.95 and within != "NO" else "MISS" if tuned else "-",
                         plan_text(plan),
@@ -1002,7 +1027,7 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                 if solos:
                     verdicts.append(
                         f"  - the oracle's setting in a fresh one-model server (served and measured as the autotuned "
-                        f"model is, just before it): the autotuner averaged {np.mean([a for a, _ in solos]):.2f}x it "
+                        f"model is, just before and just after it): the autotuner averaged {np.mean([a for a, _ in solos]):.2f}x it "
                         f"(lowest {min(a for a, _ in solos):.2f}x, >= 0.95x at {sum(a >= 0.95 for a, _ in solos)}/"
                         f"{len(solos)} levels); the grid server's oracle read {np.mean([g for _, g in solos]):.2f}x it"
                     )
@@ -1018,6 +1043,7 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "autotuned p99 ms",
         "autotuned final setting",
         "ratio",
+        "oracle's setting, fresh server: req/s before / after (ratio)",
         "autotuned p99 <= SLO",
         ">= 0.95x & SLO",
     ]
