@@ -766,6 +766,37 @@ def test_a_break_on_a_busy_executor_is_never_answered_with_batches_smaller_than_
     assert idle is not None and idle.params == one
 
 
+def test_an_open_loop_search_on_a_busy_core_never_tries_batches_smaller_than_its_queue_forms() -> None:
+    """An open loop at 80% load on one core: batches of 2.3 under 16 / 2 ms, the executor 67% busy and the core 79%
+    (with the front-ends). The plan promised 2 / 0 ms a p99 of 13 ms; tried, it read 95 ms within 0.3 s and that one
+    trial broke the run's p99 (live). A search keeps to batches no smaller than the queue forms while the core is
+    busy; on an idle core it may still go small."""
+    here, two, four = TuningParams(16, 0.002), TuningParams(2, 0.0), TuningParams(4, 0.0)
+    busy = Measurement(
+        params=here, duration_s=1.5, completed=488, items_per_s=325.6, arrival_rate=325.6, company_share=1.0,
+        mean_s=0.0085, mean_se=0.0003, mean_wait_s=0.003, p99_s=0.0167, utilization=0.673, largest_batch=6,
+        mean_batch=2.26, peak_in_server=7, lag_ratio=1.0, own_cpu=0.793,
+    )  # fmt: skip
+    assert not read_workload(busy).closed
+    fit = LatencyFit(1.9e-3, 0.3e-3)
+
+    def predicted(p: TuningParams, p99: float) -> CandidatePrediction:
+        return CandidatePrediction(p, 325.6, p99, 0.5 * p99, 2.0, 0.7, False)
+
+    preds = (predicted(here, 0.0167), predicted(two, 0.0131), predicted(four, 0.0133))
+    job = PlanJob("open", fit, (here, two, four), 0.045, 0.0, 2000, arrival_rate=325.6)
+
+    def answer(m: Measurement) -> Decision | None:
+        tuner = Autotuner(spec(50), here)
+        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
+
+    kept = answer(busy)
+    assert kept is None or kept.params.max_batch_size >= 4
+    idle = answer(replace(busy, own_cpu=0.4))
+    assert idle is not None and idle.params == two
+
+
 def closed_reading(
     params: TuningParams, *, rate: float, mean_s: float, p99_s: float, utilization: float, peak_in_server: int
 ) -> Measurement:
@@ -874,6 +905,23 @@ def test_a_closed_loop_backs_off_to_fuller_batches_never_to_emptier_ones() -> No
     nodelay = TuningParams(16, 0.0)
     short = replace(full, params=nodelay, mean_batch=11.0, full_share=0.2)
     assert Autotuner(spec(50), nodelay)._backoff(short) == TuningParams(16, 0.0005)
+
+
+def test_full_batches_with_a_queue_behind_them_are_never_halved_however_idle_the_executor_reads() -> None:
+    """A slowed host (the process had 0.61 of its core) made 32 closed-loop clients read as an open loop: their
+    arrivals waited in the front-ends and no longer followed the answers. The executor read 55% busy, so the
+    open-loop backoff halved full batches of 16 (16 / 0 -> 8 / 0 ms, p99 60 -> 102 ms, live). Full batches while more
+    waited at once than one holds double instead; without such a queue, a break of full batches still halves."""
+    here = TuningParams(16, 0.0)
+    reading = replace(
+        closed_reading(here, rate=612.0, mean_s=0.038, p99_s=0.060, utilization=0.55, peak_in_server=32),
+        lag_ratio=0.91,
+    )
+    assert not read_workload(reading).closed
+    assert Autotuner(spec(50), here)._backoff(reading) == TuningParams(32, 0.0)
+    no_queue = replace(reading, peak_in_server=16, items_per_s=200.0, arrival_rate=200.0)
+    assert not read_workload(no_queue).closed
+    assert Autotuner(spec(50), here)._backoff(no_queue) == TuningParams(8, 0.0)
 
 
 def test_a_closed_loop_whose_batches_leave_short_of_its_clients_tries_a_longer_delay_before_settling() -> None:

@@ -496,6 +496,10 @@ class Autotuner:
             # lengthen the queue. (The executor may never look 90% busy when it shares its core with
             # the HTTP stack, as on a 1-core server: 80-88% measured live.)
             or (m.full_share >= FULL_SHARE and m.utilization >= BUSY)
+            # Or however busy it reads, while more waited at once than a batch holds: a queue stands behind the full
+            # batches. (Live, 32 closed-loop clients on a host that left the process 0.61 of its core read as an
+            # open loop, 55% busy: 16 / 0 -> 8 / 0 ms, and the halved batches broke the SLO twice as far.)
+            or (m.full_share >= FULL_SHARE and m.peak_in_server > p.max_batch_size)
         )
         return self._resized(p, 1 if short_of_capacity else -1)
 
@@ -749,7 +753,7 @@ class Autotuner:
             # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
             # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
             and (not out.violation or c.items_per_s >= KEEP_PACE * m.arrival_rate)
-            and not (out.violation and not w.closed and self._below_the_queue(m, c.params))
+            and not (not w.closed and self._below_the_queue(m, c.params))
             and (not frugal or self._no_emptier(c.params, m))
             and not (w.closed and self._cores == 1 and self._smaller(c.params, m))
         ]
@@ -826,8 +830,11 @@ class Autotuner:
         far below those it has seen (NLP batches pad to longer lengths as they grow, so the fit pivots towards the
         origin: live, fits with 0-0.2 ms of fixed cost against 1.1-2.4 ms at other moments of the same soak), and
         breaks answered with such sizes fell to 1-4 items (two soaks at 85% load: 64 -> 1 and 32 -> 4 -> 1, p99
-        0.2 -> 0.6-1.1 s)."""
-        return m.utilization >= BUSY and params.max_batch_size < m.mean_batch
+        0.2 -> 0.6-1.1 s). Busy is the executor, or the core it shares with the front-ends: a search's trial at 80%
+        load went 16 / 2 -> 2 / 0 ms under batches of 2.3 with the executor 67% and the core 79% busy (predicted
+        p99 13 ms, read 95 ms within 0.3 s, and that one trial broke the run's p99, live)."""
+        busy = m.utilization >= BUSY or m.own_cpu + m.background_cpu >= SATURATED
+        return busy and params.max_batch_size < m.mean_batch
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
