@@ -872,6 +872,30 @@ def test_a_load_step_onto_a_knee_reaches_the_best_static_setting() -> None:
     assert after.throughput_rps >= 0.95 * best_x and after.p99_s <= 0.050
 
 
+def test_a_closed_loop_on_one_core_never_probes_below_the_batches_it_forms() -> None:
+    """32 closed-loop clients on one core form batches of 16 under 32 / 4 ms, the only size fitted. The size probe went
+    down to 8 / 4 ms and broke the SLO at once (live: p99 64 ms at 523 items/s, against 785 at 48 ms). On one core a
+    closed loop tries the next longer delay instead (fuller batches); with several cores the probe may still go down."""
+    here = TuningParams(32, 0.004)
+    reading = replace(
+        closed_reading(here, rate=785.0, mean_s=0.037, p99_s=0.048, utilization=0.85, peak_in_server=32),
+        largest_batch=16, mean_batch=16.0, full_share=0.0,
+    )  # fmt: skip
+    assert read_workload(reading).closed
+
+    def next_move(cores: int) -> Decision | None:
+        tuner = Autotuner(spec(50), here, cores=cores)
+        for i in range(40):
+            tuner.record_batch(16, 0.018, 1.0 + i * 0.02)
+        tuner._inc_meas = reading
+        return tuner._next(2.0)
+
+    one_core = next_move(1)
+    assert one_core is not None and one_core.params == TuningParams(32, 0.008)
+    several = next_move(0)
+    assert several is not None and several.params == TuningParams(8, 0.004)
+
+
 def test_a_size_probe_is_not_repeated_while_its_limit_brought_no_other_size() -> None:
     """32 clients formed batches of 16 under a limit of 16 and of 32 alike (half of them in the front-end while a
     batch runs), so the fit stays one-size and the probe up to 32 came back after every reopen: 8 changes in 17 s
