@@ -430,14 +430,7 @@ def levels_phase(
         for c in cfg.levels:
             level = out["encodings"][enc]["levels"][str(c)]
             if (best := oracle(level, slo)) is not None:
-                level["oracle_solo"] = solo_static(
-                    solo, spec, body, c, (best["max_batch_size"], best["delay_ms"]), cfg, tmp
-                )
-                print(
-                    f"  {model} {enc} c={c:2d} oracle's {best['max_batch_size']} / {best['delay_ms']} ms in a fresh "
-                    f"server: {level['oracle_solo']['rps']:7.1f} req/s  p99 {level['oracle_solo']['p99_ms']:7.1f} ms",
-                    flush=True,
-                )
+                level["oracle_solo"] = solo_static(solo, spec, body, c, best, cfg, tmp, f"{enc} c={c:2d}, before")
             log = logs / f"levels-{model}-{enc}-c{c}.log"
             with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
                 infer = f"http://{HOST}:{port}/v2/models/{model}/infer"
@@ -462,27 +455,26 @@ def levels_phase(
                 flush=True,
             )
             if best is not None:  # again after it: the two bracket the autotuned run against the host's drift
-                level["oracle_solo_after"] = solo_static(
-                    solo, spec, body, c, (best["max_batch_size"], best["delay_ms"]), cfg, tmp
-                )
-                print(
-                    f"  {model} {enc} c={c:2d} oracle's setting again, fresh server: "
-                    f"{level['oracle_solo_after']['rps']:7.1f} req/s  p99 {level['oracle_solo_after']['p99_ms']:7.1f} ms",
-                    flush=True,
-                )
+                level["oracle_solo_after"] = solo_static(solo, spec, body, c, best, cfg, tmp, f"{enc} c={c:2d}, after")
     return out
 
 
 def solo_static(
-    solo: Path, spec: ModelSpec, body: Workload, c: int, setting: tuple[int, int], cfg: Config, tmp: Path
+    solo: Path, spec: ModelSpec, body: Workload, c: int, best: dict[str, Any], cfg: Config, tmp: Path, label: str
 ) -> dict[str, Any]:
-    """A static setting in a fresh one-model server, as the autotuned model is served and measured: the same
-    measured window after a warm-up (the grid server's figures are another server's)."""
-    with server(solo, env=specs_env(spec_doc(spec, static=setting))) as port:
+    """The oracle's setting `best` in a fresh one-model server, as the autotuned model is served and measured: the
+    same measured window after a warm-up (the grid server's figures are another server's); printed with `label`."""
+    n, d = best["max_batch_size"], best["delay_ms"]
+    with server(solo, env=specs_env(spec_doc(spec, static=(n, d)))) as port:
         infer = f"http://{HOST}:{port}/v2/models/{spec.name}/infer"
         wrk_run(infer, body, c, cfg.static_warm_s, tmp)
         row = wrk_run(infer, body, c, cfg.tuned_s - cfg.settle_s, tmp)
-    return {"max_batch_size": setting[0], "delay_ms": setting[1], **row}
+    print(
+        f"  {spec.name} {label}: the oracle's {n} / {d} ms in a fresh server {row['rps']:7.1f} req/s  "
+        f"p99 {row['p99_ms']:7.1f} ms",
+        flush=True,
+    )
+    return {"max_batch_size": n, "delay_ms": d, **row}
 
 
 def fresh_oracle_rps(level: dict[str, Any]) -> float | None:

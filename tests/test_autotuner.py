@@ -752,17 +752,21 @@ def test_a_break_on_a_busy_executor_is_never_answered_with_batches_smaller_than_
         return CandidatePrediction(p, 457.0, p99, 0.5 * p99, float(p.max_batch_size), 0.8, False)
 
     preds = (predicted(here, 0.250), predicted(one, 0.066), predicted(half, 0.120))
-    job = PlanJob("open", fit, (here, one, half), 0.045, 0.0, 2000, arrival_rate=457.0)
-
-    def answer(m: Measurement) -> Decision | None:
-        tuner = Autotuner(spec(50), here)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=True)
-        return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
-
-    kept_large = answer(busy)
+    kept_large = answer_open_plan(busy, preds, fit, violation=True)
     assert kept_large is not None and kept_large.params == half
-    idle = answer(replace(busy, utilization=0.5))
+    idle = answer_open_plan(replace(busy, utilization=0.5), preds, fit, violation=True)
     assert idle is not None and idle.params == one
+
+
+def answer_open_plan(
+    m: Measurement, preds: tuple[CandidatePrediction, ...], fit: LatencyFit, *, violation: bool
+) -> Decision | None:
+    """What a tuner at preds[0]'s setting does with an open-loop plan over `preds` whose pick was preds[1]."""
+    here = preds[0].params
+    job = PlanJob("open", fit, tuple(c.params for c in preds), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
+    tuner = Autotuner(spec(50), here)
+    out = _Outstanding(job, fit, read_workload(m), m, here, violation=violation)
+    return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
 
 
 def test_an_open_loop_search_on_a_busy_core_never_tries_batches_smaller_than_its_queue_forms() -> None:
@@ -783,16 +787,9 @@ def test_an_open_loop_search_on_a_busy_core_never_tries_batches_smaller_than_its
         return CandidatePrediction(p, 325.6, p99, 0.5 * p99, 2.0, 0.7, False)
 
     preds = (predicted(here, 0.0167), predicted(two, 0.0131), predicted(four, 0.0133))
-    job = PlanJob("open", fit, (here, two, four), 0.045, 0.0, 2000, arrival_rate=325.6)
-
-    def answer(m: Measurement) -> Decision | None:
-        tuner = Autotuner(spec(50), here)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
-        return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
-
-    kept = answer(busy)
+    kept = answer_open_plan(busy, preds, fit, violation=False)
     assert kept is None or kept.params.max_batch_size >= 4
-    idle = answer(replace(busy, own_cpu=0.4))
+    idle = answer_open_plan(replace(busy, own_cpu=0.4), preds, fit, violation=False)
     assert idle is not None and idle.params == two
 
 
@@ -954,19 +951,21 @@ def test_a_closed_loop_whose_batches_leave_short_of_its_clients_tries_a_longer_d
     here, here_4ms = TuningParams(32, 0.002), TuningParams(32, 0.004)
     reading = closed_reading(here, rate=815.0, mean_s=0.039, p99_s=0.044, utilization=0.85, peak_in_server=32)
     short = replace(reading, mean_batch=16.0, full_share=0.0)
-    preds = (CandidatePrediction(here, 815.0, 0.044, 0.039, 16.0, 0.85, True),)
-    fit = LatencyFit(2.3e-3, 0.9e-3)
-    job = PlanJob("closed", fit, (here,), 0.045, 0.0, 2000, clients=32, think_s=0.0)
-
-    def answer(m: Measurement) -> tuple[Autotuner, Decision | None]:
-        tuner = Autotuner(spec(50), here, cores=1)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
-        return tuner, tuner._after_plan(out, Solved(Plan(preds[0], True, 0.045, preds), 0.0), now=10.0)
-
-    _, probe = answer(short)
+    _, probe = answer_nothing_better(short, violation=False)
     assert probe is not None and (probe.reason, probe.detail["knob"], probe.params) == ("probe", "delay", here_4ms)
-    tuner, settled = answer(replace(short, mean_batch=31.0))
+    tuner, settled = answer_nothing_better(replace(short, mean_batch=31.0), violation=False)
     assert settled is None and tuner.params == here
+
+
+def answer_nothing_better(m: Measurement, *, violation: bool) -> tuple[Autotuner, Decision | None]:
+    """A one-core tuner at `m`'s setting given a closed-loop plan (32 clients) predicting only that setting."""
+    here = m.params
+    preds = (CandidatePrediction(here, m.items_per_s, 0.044, m.mean_s, 16.0, m.utilization, True),)
+    fit = LatencyFit(1.0e-3, 2.0e-3)
+    job = PlanJob("closed", fit, (here,), 0.045, 0.0, 2000, clients=32, think_s=0.0)
+    tuner = Autotuner(spec(50), here, cores=1)
+    out = _Outstanding(job, fit, read_workload(m), m, here, violation=violation)
+    return tuner, tuner._after_plan(out, Solved(Plan(preds[0], True, 0.045, preds), 0.0), now=10.0)
 
 
 def test_a_break_of_batches_short_of_a_closed_loops_clients_is_answered_at_once_not_kept() -> None:
@@ -977,18 +976,9 @@ def test_a_break_of_batches_short_of_a_closed_loops_clients_is_answered_at_once_
     here, here_4ms = TuningParams(32, 0.002), TuningParams(32, 0.004)
     reading = closed_reading(here, rate=955.0, mean_s=0.028, p99_s=0.056, utilization=0.78, peak_in_server=32)
     short = replace(reading, mean_batch=16.0, full_share=0.0)
-    preds = (CandidatePrediction(here, 955.0, 0.044, 0.028, 16.0, 0.78, True),)
-    fit = LatencyFit(0.6e-3, 4.0e-3)
-    job = PlanJob("closed", fit, (here,), 0.045, 0.0, 2000, clients=32, think_s=0.0)
-
-    def answer(m: Measurement) -> Decision | None:
-        tuner = Autotuner(spec(50), here, cores=1)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=True)
-        return tuner._after_plan(out, Solved(Plan(preds[0], True, 0.045, preds), 0.0), now=10.0)
-
-    fuller = answer(short)
+    _, fuller = answer_nothing_better(short, violation=True)
     assert fuller is not None and (fuller.reason, fuller.params) == ("slo-violation", here_4ms)
-    kept = answer(replace(short, mean_batch=31.0, full_share=0.9))
+    _, kept = answer_nothing_better(replace(short, mean_batch=31.0, full_share=0.9), violation=True)
     assert kept is not None and (kept.detail.get("knob"), kept.changed) == ("kept", False)
 
 
