@@ -477,15 +477,18 @@ def solo_static(
     return {"max_batch_size": n, "delay_ms": d, **row}
 
 
+FRESH_RUNS = ("oracle_solo", "oracle_solo_after")  # a level's keys: the oracle's setting in fresh servers
+
+
 def fresh_oracle_rps(level: dict[str, Any]) -> float | None:
     """The oracle's setting in fresh one-model servers: the mean of its runs just before and just after the
     autotuned one (older results: before only); None without one."""
-    runs = [r["rps"] for key in ("oracle_solo", "oracle_solo_after") if (r := level.get(key)) and r["rps"] > 0]
+    runs = [r["rps"] for key in FRESH_RUNS if (r := level.get(key)) and r["rps"] > 0]
     return float(np.mean(runs)) if runs else None
 
 
 def fresh_cell(level: dict[str, Any], tuned: dict[str, Any] | None) -> str:
-    runs = [f"{r['rps']:.0f}" for key in ("oracle_solo", "oracle_solo_after") if (r := level.get(key))]
+    runs = [f"{r['rps']:.0f}" for key in FRESH_RUNS if (r := level.get(key))]
     alone = fresh_oracle_rps(level)
     if not runs:
         return "-"

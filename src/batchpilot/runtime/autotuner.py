@@ -537,6 +537,10 @@ class Autotuner:
         served 165 at 217 ms; textcls 32 / 10 ms -> 1 / 0 ms, 1,720 -> 388 items/s)."""
         return p.max_batch_size < min(self._incumbent.max_batch_size, m.largest_batch)
 
+    def _below_the_batches(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
+        """Would `p` limit a closed loop on one core below the batches it forms (`_smaller`)? Never tried there."""
+        return w.closed and self._cores == 1 and self._smaller(p, m)
+
     def _fuller(self, m: Measurement, w: Workload) -> TuningParams | None:
         """The backoff of a closed loop: the next longer delay while batches leave short of the clients (or the
         limit), else a doubled limit while full batches leave clients waiting."""
@@ -551,6 +555,10 @@ class Autotuner:
         """Do a closed loop's batches leave short of its clients (or of the limit `p`)?"""
         return w.grouped and m.mean_batch < FULL * min(p.max_batch_size, w.clients)
 
+    def _short_on_one_core(self, m: Measurement, w: Workload) -> bool:
+        """Is this a closed loop on one core whose batches, under the incumbent, leave short of its clients?"""
+        return self._cores == 1 and self._short(self._incumbent, m, w)
+
     def _longer(self, p: TuningParams) -> TuningParams | None:
         """`p` with the next longer delay of the ladder (None at its top)."""
         longer = next((d for d in self._ladder if d > p.max_queue_delay_s), None)
@@ -563,8 +571,7 @@ class Autotuner:
         does not see: live at 32 clients, resnet-mini's 32 / 2 ms formed batches of 16 (815 items/s, p99 57 ms) where
         32 / 5 ms formed batches of 32 (1,062, p99 36.5), and every re-plan found nothing better than 32 / 2 ms. (With
         several cores the closed-loop plan simulates the clients' returns itself.)"""
-        short = self._cores == 1 and self._short(self._incumbent, m, w)
-        longer = self._longer(self._incumbent) if short else None
+        longer = self._longer(self._incumbent) if self._short_on_one_core(m, w) else None
         if longer is not None and longer not in self._rejected:
             return self._move(longer, "probe:delay", now, self._figures(m))
         return self._settle(m, now)
@@ -595,7 +602,7 @@ class Autotuner:
             lately = self._put_lately(probe.max_batch_size, now)
             # Nor does a closed loop on one core probe below the batches it forms (`_smaller`): live, 32 clients
             # forming batches of 16 under 32 / 4 ms probed 8 / 4 ms and broke the SLO at once (p99 64 ms, 523 items/s).
-            down_ok = not self._frugal(m, w) and not (w.closed and self._cores == 1 and self._smaller(probe, m))
+            down_ok = not self._frugal(m, w) and not self._below_the_batches(probe, m, w)
             if probe != self._incumbent and not lately and (up or down_ok):
                 return self._move(probe, "probe:size", now, self._figures(m))
         if fit is not None and not fit.one_size and (wider := self._wider(m, w, now)) is not None:
@@ -663,7 +670,7 @@ class Autotuner:
             # A closed loop on one core whose batches leave short of its clients is no passing stall: it backs off to
             # fuller batches at once (live, textcls at 32 clients kept 32 / 2 ms with batches of 16 through three
             # breaks, one epoch within the SLO between each, and held its SLO in 25% of the seconds).
-            short = self._cores == 1 and self._short(self._incumbent, m, read_workload(m))
+            short = self._short_on_one_core(m, read_workload(m))
             if pick is None and self._strike != self._incumbent and not self._severe(m) and not short:
                 # Nothing predicted to do better: a first break (a stall, another process's burst) is
                 # measured again rather than answered by the fixed backoff, which undoes a good setting.
@@ -760,9 +767,9 @@ class Autotuner:
             # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
             # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
             and (not out.violation or c.items_per_s >= KEEP_PACE * m.arrival_rate)
-            and not (not w.closed and self._below_the_queue(m, c.params))
+            and (w.closed or not self._below_the_queue(m, c.params))
             and (not frugal or self._no_emptier(c.params, m))
-            and not (w.closed and self._cores == 1 and self._smaller(c.params, m))
+            and not self._below_the_batches(c.params, m, w)
         ]
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
