@@ -759,12 +759,19 @@ def test_a_break_on_a_busy_executor_is_never_answered_with_batches_smaller_than_
 
 
 def answer_open_plan(
-    m: Measurement, preds: tuple[CandidatePrediction, ...], fit: LatencyFit, *, violation: bool
+    m: Measurement,
+    preds: tuple[CandidatePrediction, ...],
+    fit: LatencyFit,
+    *,
+    violation: bool,
+    broke: tuple[TuningParams, ...] = (),
 ) -> Decision | None:
-    """What a tuner at preds[0]'s setting does with an open-loop plan over `preds` whose pick was preds[1]."""
+    """What a tuner at preds[0]'s setting does with an open-loop plan over `preds` whose pick was preds[1] (`broke`:
+    settings that broke the SLO since it was last met)."""
     here = preds[0].params
     job = PlanJob("open", fit, tuple(c.params for c in preds), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
     tuner = Autotuner(spec(50), here)
+    tuner._broke.update(broke)
     out = _Outstanding(job, fit, read_workload(m), m, here, violation=violation)
     return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
 
@@ -789,8 +796,56 @@ def test_an_open_loop_search_on_a_busy_core_never_tries_batches_smaller_than_its
     preds = (predicted(here, 0.0167), predicted(two, 0.0131), predicted(four, 0.0133))
     kept = answer_open_plan(busy, preds, fit, violation=False)
     assert kept is None or kept.params.max_batch_size >= 4
+    # Batches of 1.6 on average leave room for bursts: a limit of 2 caps those that set the tail (live, a soak at
+    # 85% load: 16 / 0 -> 2 / 0.5 ms under batches of 1.6, and breaks followed).
+    burst = answer_open_plan(replace(busy, mean_batch=1.6), preds, fit, violation=False)
+    assert burst is None or burst.params.max_batch_size >= 4
     idle = answer_open_plan(replace(busy, own_cpu=0.4), preds, fit, violation=False)
     assert idle is not None and idle.params == two
+
+
+def soak_break(
+    p99s: dict[TuningParams, float], **figures: float
+) -> tuple[Measurement, tuple[CandidatePrediction, ...]]:
+    """A break of textcls at 4 / 0 ms in a soak at 85% load (live): 323 items/s arriving, 256 served, batches of 4,
+    and an open-loop plan's predicted tails for the settings of `p99s` (the first is the incumbent)."""
+    here = TuningParams(4, 0.0)
+    m = Measurement(
+        params=here, duration_s=2.0, completed=512, items_per_s=256.0, arrival_rate=323.0, company_share=1.0,
+        mean_s=0.349, mean_se=0.01, mean_wait_s=0.3, p99_s=0.728, utilization=0.583, largest_batch=4,
+        mean_batch=4.0, peak_in_server=4, lag_ratio=1.0, own_cpu=0.655,
+    )  # fmt: skip
+    preds = tuple(CandidatePrediction(p, 323.0, t, 0.5 * t, 4.0, 0.7, False) for p, t in p99s.items())
+    return replace(m, **figures), preds
+
+
+def test_an_slo_break_is_never_answered_with_a_setting_that_broke_it_since_it_was_last_met() -> None:
+    """Live, a soak at 85% load: at each break the re-plan picked 4 / 10 ms and the backoff's delay drop went back to
+    4 / 0 ms, every 2 s for 10 s, each setting breaking the SLO again, while the queue grew to a p99 of 1.85 s. A
+    re-plan skips the settings that broke the SLO since an epoch last met it; a search is not so restricted."""
+    here, waits, wider = TuningParams(4, 0.0), TuningParams(4, 0.010), TuningParams(8, 0.0)
+    m, preds = soak_break({here: 0.70, waits: 0.149, wider: 0.30})
+    fit = LatencyFit(2.0e-3, 0.1e-3)
+    assert answer_open_plan(m, preds, fit, violation=True).params == waits  # type: ignore[union-attr]
+    other = answer_open_plan(m, preds, fit, violation=True, broke=(here, waits))
+    assert other is not None and other.params == wider
+
+
+def test_a_limit_that_full_batches_leave_a_queue_behind_is_never_planned_again_or_lower() -> None:
+    """The same soak's 4 / 0 ms filled every batch while a queue stood behind them and the executor read only 58%
+    busy: neither that limit (with another delay) nor a lower one is a pick for the open loop, at a break or in a
+    search; with batches that do not fill it, the limit may stay."""
+    here, waits = TuningParams(4, 0.0), TuningParams(4, 0.010)
+    halved, wider = TuningParams(2, 0.0), TuningParams(8, 0.0)
+    p99s = {here: 0.70, waits: 0.149, halved: 0.20, wider: 0.30}
+    fit = LatencyFit(2.0e-3, 0.1e-3)
+    binding, preds = soak_break(p99s, full_share=1.0, peak_in_server=12)
+    for violation in (True, False):
+        pick = answer_open_plan(binding, preds, fit, violation=violation)
+        assert pick is not None and pick.params == wider
+    unfilled, preds = soak_break(p99s, full_share=0.2, peak_in_server=12)
+    pick = answer_open_plan(unfilled, preds, fit, violation=True)
+    assert pick is not None and pick.params == waits
 
 
 def closed_reading(

@@ -83,6 +83,7 @@ FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
 FIRST_CALLS = 2  # a size's first batches are not fitted: a TorchScript model specialises on new shapes
 FULL_SHARE = 0.5  # share of full batches over which the size limit binds...
 BUSY = 0.75  # ...while the executor is this busy: a violation then calls for larger batches
+BURST = 1.5  # an open loop's queue forms batches up to this multiple of its mean on a busy core (`_below_the_queue`)
 OPEN_HEADROOM = 0.9  # an open loop may load a setting's full-batch capacity up to this share
 PLAN_TRIALS = 3  # planned settings tried per search at most
 GAIN = 0.03  # a planned setting must promise this much more items/s than the incumbent...
@@ -157,6 +158,7 @@ class Autotuner:
         self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
         self._strike: TuningParams | None = None  # kept once through an SLO break the plan could not better
         self._breaks: dict[TuningParams, float] = {}  # an open loop's settings that broke the SLO in a row: p99
+        self._broke: set[TuningParams] = set()  # settings that broke the SLO since an epoch last met it (any load)
         self._held: int | None = None  # held as infeasible (`_futile`): epochs in a row since that met the SLO
         self._cores = cores
         self._lo_n: int = b.min_batch_size
@@ -321,6 +323,7 @@ class Autotuner:
         if m.p99_s <= self._slo_s:
             self._strike = None
             self._breaks.clear()
+            self._broke.clear()
         if self._params != self._incumbent:  # a trial ends
             if not self._confirms(m, self._inc_meas):
                 self._rejected.add(self._params)
@@ -404,6 +407,7 @@ class Autotuner:
             return None
         if self._replanned is self._epoch:
             return None  # one re-plan per epoch: on its way, or it found nothing better
+        self._broke.add(self._incumbent)
         if (futile := self._futile(m, now)) is not None:
             return futile
         if (wider := self._wider(m, read_workload(m), now)) is not None:
@@ -767,6 +771,10 @@ class Autotuner:
             # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
             # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
             and (not out.violation or c.items_per_s >= KEEP_PACE * m.arrival_rate)
+            # Nor with a setting that broke it since the SLO was last met: live (a soak at 85% load), a re-plan and
+            # the backoff's delay drop alternated 4 / 10 <-> 4 / 0 ms every 2 s, each breaking it, as the queue grew
+            # to a p99 of 1.85 s.
+            and (not out.violation or c.params not in self._broke)
             and (w.closed or not self._below_the_queue(m, c.params))
             and (not frugal or self._no_emptier(c.params, m))
             and not self._below_the_batches(c.params, m, w)
@@ -839,16 +847,23 @@ class Autotuner:
 
     @staticmethod
     def _below_the_queue(m: Measurement, params: TuningParams) -> bool:
-        """Would `params` cap a busy executor's batches below the size its queue forms? In an open loop smaller
+        """Would `params` cap a busy executor's batches below the sizes its queue forms? In an open loop smaller
         batches then only add fixed costs per item, whatever the fit says: its fixed cost is least known for sizes
         far below those it has seen (NLP batches pad to longer lengths as they grow, so the fit pivots towards the
         origin: live, fits with 0-0.2 ms of fixed cost against 1.1-2.4 ms at other moments of the same soak), and
         breaks answered with such sizes fell to 1-4 items (two soaks at 85% load: 64 -> 1 and 32 -> 4 -> 1, p99
         0.2 -> 0.6-1.1 s). Busy is the executor, or the core it shares with the front-ends: a search's trial at 80%
         load went 16 / 2 -> 2 / 0 ms under batches of 2.3 with the executor 67% and the core 79% busy (predicted
-        p99 13 ms, read 95 ms within 0.3 s, and that one trial broke the run's p99, live)."""
+        p99 13 ms, read 95 ms within 0.3 s, and that one trial broke the run's p99, live).
+        The sizes formed are the mean batch with room for the bursts that set the tail (BURST x the mean, up to the
+        largest batch seen). And a limit the batches fill while more wait than it holds is too small however busy the
+        executor reads (live, a soak at 85% load planned limits of 2-4 under batches of 1.6-4, and at 4 / 0 ms full
+        batches left a queue growing to a p99 of 0.7-1.85 s with the executor 58% busy)."""
+        n = m.params.max_batch_size
+        if m.full_share >= FULL_SHARE and m.peak_in_server > n and params.max_batch_size <= n:
+            return True
         busy = m.utilization >= BUSY or m.own_cpu + m.background_cpu >= SATURATED
-        return busy and params.max_batch_size < m.mean_batch
+        return busy and params.max_batch_size < max(min(BURST * m.mean_batch, m.largest_batch), m.mean_batch)
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
