@@ -21,10 +21,14 @@ A closed loop whose clients could fill batches of twice the largest size fitted 
 such size once (`_wider`; at an SLO break, before any re-plan): a line is not trusted far beyond its sizes.
 A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is
 abandoned; the incumbent is re-planned with its measured tail (which scales every predicted one) and
-gives way to the plan's pick. With nothing predicted to do better, a first break is measured again from
-after it (a stall passes; the setting was the best known); a second in a row, a tail over twice the SLO,
+gives way to the plan's pick (never one that broke the SLO since an epoch last met it; an open loop's pick never
+keeps a limit its full batches leave a queue behind, nor caps a busy core's batches below what its queue forms; a
+closed loop's predicted p99 is never below its clients' round trip in the server, by Little's law). With nothing
+predicted to do better, a first break is measured again from after it (a stall passes; the setting was the best
+known); a second in a row, a tail over twice the SLO,
 a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the delay drops to its
-minimum, else the batch size doubles when the executor is the bottleneck or halves when the batches are).
+minimum, else the batch size doubles when the executor is the bottleneck or halves when the batches are; a closed
+loop's batches short of its clients take the delay its front-ends need to bring the missing items).
 An open loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the
 lowest tail among them is held.
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
@@ -83,7 +87,6 @@ FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
 FIRST_CALLS = 2  # a size's first batches are not fitted: a TorchScript model specialises on new shapes
 FULL_SHARE = 0.5  # share of full batches over which the size limit binds...
 BUSY = 0.75  # ...while the executor is this busy: a violation then calls for larger batches
-BURST = 1.5  # an open loop's queue forms batches up to this multiple of its mean on a busy core (`_below_the_queue`)
 OPEN_HEADROOM = 0.9  # an open loop may load a setting's full-batch capacity up to this share
 PLAN_TRIALS = 3  # planned settings tried per search at most
 GAIN = 0.03  # a planned setting must promise this much more items/s than the incumbent...
@@ -434,7 +437,10 @@ class Autotuner:
         self._breaks[self._incumbent] = min(self._breaks.get(self._incumbent, math.inf), m.p99_s)
         if len(self._breaks) < FUTILE:
             return None
-        held = min(self._breaks, key=self._breaks.__getitem__)
+        # The largest limit among them, then the lowest tail: near capacity the queue's state, not the setting, sets
+        # a short epoch's p99, and a small limit caps what the bursts need (live, a soak at 85% load held 4 / 10 and
+        # 4 / 8 ms, read at 70 ms, over 16 / 0 ms at 89; their next breaks read 0.63-0.85 s).
+        held = min(self._breaks, key=lambda p: (-p.max_batch_size, self._breaks[p]))
         tails = {f"{p.max_batch_size}/{p.max_queue_delay_s * 1e3:g}ms": _ms(t) for p, t in self._breaks.items()}
         self._breaks.clear()
         self._feasible = False
@@ -504,6 +510,9 @@ class Autotuner:
             # batches. (Live, 32 closed-loop clients on a host that left the process 0.61 of its core read as an
             # open loop, 55% busy: 16 / 0 -> 8 / 0 ms, and the halved batches broke the SLO twice as far.)
             or (m.full_share >= FULL_SHARE and m.peak_in_server > p.max_batch_size)
+            # Or an open loop on a busy core, whose bursts halved batches only leave longer queues behind (live, a soak
+            # at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
+            or (not w.closed and self._busy(m))
         )
         return self._resized(p, 1 if short_of_capacity else -1)
 
@@ -550,7 +559,7 @@ class Autotuner:
         limit), else a doubled limit while full batches leave clients waiting."""
         p = self._params
         if self._short(p, m, w):
-            return self._longer(p)
+            return self._longer(p, at_least=self._fill_time(p, m, w))
         if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size:
             return self._resized(p, 1)
         return None
@@ -563,10 +572,21 @@ class Autotuner:
         """Is this a closed loop on one core whose batches, under the incumbent, leave short of its clients?"""
         return self._cores == 1 and self._short(self._incumbent, m, w)
 
-    def _longer(self, p: TuningParams) -> TuningParams | None:
-        """`p` with the next longer delay of the ladder (None at its top)."""
-        longer = next((d for d in self._ladder if d > p.max_queue_delay_s), None)
+    def _longer(self, p: TuningParams, at_least: float = 0.0) -> TuningParams | None:
+        """`p` with the next longer delay of the ladder, or the first one of `at_least` (the ladder's top at most);
+        None at its top."""
+        at_least = min(at_least, self._ladder[-1])
+        longer = next((d for d in self._ladder if d > p.max_queue_delay_s and d >= at_least), None)
         return None if longer is None else replace(p, max_queue_delay_s=longer)
+
+    @staticmethod
+    def _fill_time(p: TuningParams, m: Measurement, w: Workload) -> float:
+        """How long the front-ends take to bring the items a closed loop's batches leave short of its clients (or the
+        limit `p`), each at the front-end CPU measured per item: the delay that fills them, at once rather than one
+        step of the ladder per break (live, 32 clients forming batches of 16 went 0 -> 0.5 -> 1 -> 2 -> 4 ms at breaks
+        7 s apart, the SLO held in 10% of the seconds after a load step). 0 before the front-ends are measured."""
+        f = m.frontend_cpu_s
+        return 0.0 if f is None else max(min(p.max_batch_size, w.clients) - m.mean_batch, 0.0) * f
 
     def _fill_or_settle(self, m: Measurement, w: Workload, now: float) -> Decision | None:
         """Before settling, a closed loop on one core whose batches leave short of its clients tries the next longer
@@ -755,11 +775,11 @@ class Autotuner:
         # tail within 10% of a setting's capacity is beyond what a short sample predicts: unsafe.
         scale = min(max(m.p99_s / here.p99_s, 0.5), 3.0) if math.isfinite(here.p99_s) and here.p99_s > 0 else 1.0
         scaled = [
-            replace(c, p99_s=math.inf if self._near_capacity(c.params, fit, w) else c.p99_s * scale)
+            replace(c, p99_s=math.inf if self._near_capacity(c.params, fit, w) else _floored(c, c.p99_s * scale, w))
             for c in p.predictions
         ]
         self._plan, self._workload = replace(p, predictions=tuple(scaled)), w
-        here = replace(here, p99_s=here.p99_s * scale)
+        here = replace(here, p99_s=_floored(here, here.p99_s * scale, w))
         frugal = self._frugal(m, w)
         options = [
             c
@@ -847,23 +867,24 @@ class Autotuner:
 
     @staticmethod
     def _below_the_queue(m: Measurement, params: TuningParams) -> bool:
-        """Would `params` cap a busy executor's batches below the sizes its queue forms? In an open loop smaller
-        batches then only add fixed costs per item, whatever the fit says: its fixed cost is least known for sizes
-        far below those it has seen (NLP batches pad to longer lengths as they grow, so the fit pivots towards the
-        origin: live, fits with 0-0.2 ms of fixed cost against 1.1-2.4 ms at other moments of the same soak), and
-        breaks answered with such sizes fell to 1-4 items (two soaks at 85% load: 64 -> 1 and 32 -> 4 -> 1, p99
-        0.2 -> 0.6-1.1 s). Busy is the executor, or the core it shares with the front-ends: a search's trial at 80%
-        load went 16 / 2 -> 2 / 0 ms under batches of 2.3 with the executor 67% and the core 79% busy (predicted
-        p99 13 ms, read 95 ms within 0.3 s, and that one trial broke the run's p99, live).
-        The sizes formed are the mean batch with room for the bursts that set the tail (BURST x the mean, up to the
-        largest batch seen). And a limit the batches fill while more wait than it holds is too small however busy the
-        executor reads (live, a soak at 85% load planned limits of 2-4 under batches of 1.6-4, and at 4 / 0 ms full
-        batches left a queue growing to a p99 of 0.7-1.85 s with the executor 58% busy)."""
+        """Would `params` lower a busy open loop's limit, or keep one its full batches leave a queue behind? At a delay
+        of 0 a limit only caps what the queue forms, and its bursts set the tail; the fit's fixed cost is least known
+        for sizes below those seen (NLP batches pad to longer lengths as they grow, so the fit pivots towards the
+        origin: 0-0.2 ms of fixed cost against 1.1-2.4 ms at other moments of the same soak, live). Busy is the
+        executor, or the core it shares with the front-ends. Live: breaks answered with small sizes fell to 1-4 items
+        (soaks at 85% load: 64 -> 1 and 32 -> 4 -> 1, p99 0.2 -> 0.6-1.1 s); a search's trial at 80% load went
+        16 / 2 -> 2 / 0 ms with the core 79% busy (predicted p99 13 ms, read 95 ms within 0.3 s); a soak planned
+        16 / 1 -> 4 / 0 ms under batches of 2.6 on average, bursts filled the batches of 4, and with the executor
+        only 58% busy the queue behind them grew to a p99 of 0.6-0.85 s."""
         n = m.params.max_batch_size
         if m.full_share >= FULL_SHARE and m.peak_in_server > n and params.max_batch_size <= n:
             return True
-        busy = m.utilization >= BUSY or m.own_cpu + m.background_cpu >= SATURATED
-        return busy and params.max_batch_size < max(min(BURST * m.mean_batch, m.largest_batch), m.mean_batch)
+        return Autotuner._busy(m) and params.max_batch_size < max(n, m.mean_batch)
+
+    @staticmethod
+    def _busy(m: Measurement) -> bool:
+        """Is the executor, or the core it shares with the front-ends, busy?"""
+        return m.utilization >= BUSY or m.own_cpu + m.background_cpu >= SATURATED
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
@@ -1048,6 +1069,7 @@ class Autotuner:
             "mean_batch": round(m.mean_batch, 2),
             "core_own": round(m.own_cpu, 3),
             "core_others": round(m.background_cpu, 3),
+            "frontend_cpu_ms": None if m.frontend_cpu_s is None else _ms(m.frontend_cpu_s),
             "lag_ratio": None if m.lag_ratio is None else round(m.lag_ratio, 2),
             "a_ms_per_item": round(fit.a_s * 1e3, 4) if fit else None,
             "b_ms": round(fit.b_s * 1e3, 4) if fit else None,
@@ -1083,6 +1105,15 @@ def _stretched(costs: tuple[LatencyFit, float], share: float) -> tuple[LatencyFi
     as long)."""
     (fit, f), stretch = costs, 1.0 / (1.0 - share)
     return LatencyFit(fit.a_s * stretch, fit.b_s * stretch), f * stretch
+
+
+def _floored(c: CandidatePrediction, p99_s: float, w: Workload) -> float:
+    """A closed loop's predicted p99, never below its clients' mean time in the server at the predicted items/s
+    (Little's law: clients / items per second, less the think time). Live, a one-core plan blind to the front-ends'
+    queue predicted a p99 of 2.3 ms for 64 clients at 1,400 items/s, whose mean round trip is 46 ms."""
+    if not w.closed or c.items_per_s <= 0 or not math.isfinite(w.think_s):
+        return p99_s
+    return max(p99_s, w.clients / c.items_per_s - w.think_s)
 
 
 def _predicted(c: CandidatePrediction, w: Workload) -> dict[str, Any]:
