@@ -403,8 +403,9 @@ def test_an_open_loop_near_capacity_is_told_from_a_closed_one_by_its_arrivals() 
         assert m.lag_ratio is not None and m.lag_ratio < 0.6, clients
         assert read_workload(m).closed, clients
     # Two clients in quick batches come back too soon after a batch to be told from chance; with no more in the
-    # server than one batch holds, the count decides (closed).
-    pair = Autotuner(spec(50), TuningParams(16, 0.0))
+    # server than one batch holds, the count decides (closed). (The limit kept at 16: under a limit of 1 two clients
+    # are more than one batch holds.)
+    pair = Autotuner(spec(50, min_batch_size=16), TuningParams(16, 0.0))
     BatcherSim(CPU, ClosedLoop(2, 0.002), pair.params, seed=1, tuner=pair).run_until(3.0)
     m = pair._epoch.measure(3.0)  # type: ignore[union-attr]
     assert m.lag_ratio is not None and m.lag_ratio >= 0.8
@@ -1113,3 +1114,17 @@ def test_a_closed_loops_predicted_tail_is_never_below_its_round_trip_in_the_serv
     assert same_pace is not None and same_pace.params != small
     faster = answer(2800.0)
     assert faster is not None and faster.params == small
+
+
+def test_the_epoch_after_a_move_measures_the_new_setting() -> None:
+    """An epoch counts full batches against its limit, and the rules read the limit from its measurement: after a
+    move from 16 to 32 items, batches of 16 are not full ones (the epoch once started under the setting left behind,
+    so every rule read the old limit for the first epoch of each new one)."""
+    tuner = Autotuner(spec(50), TuningParams(16, 0.0))
+    moved = tuner._move(TuningParams(32, 0.0), "probe:size", 1.0, {})
+    assert moved is not None and moved.params == TuningParams(32, 0.0)
+    for i in range(20):
+        tuner.record_arrival(16, 1.5 + i * 0.05)
+        tuner.record_batch(16, 0.01, 1.51 + i * 0.05)
+    m = tuner._epoch.measure(2.5)  # type: ignore[union-attr]
+    assert m.params == TuningParams(32, 0.0) and m.full_share == 0.0 and m.mean_batch == 16.0

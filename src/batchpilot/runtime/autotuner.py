@@ -1047,11 +1047,14 @@ class Autotuner:
         """Put `to` in force and start measuring it. `kind` is "reason" or "reason:knob"."""
         reason, _, knob = kind.partition(":")
         self._outstanding = None  # a plan asked for under the setting left behind no longer applies
-        self._new_epoch(now)
         if to == self._params:
+            self._new_epoch(now)
             return None
         detail = {"from": _params_dict(self._params), **({"knob": knob} if knob else {}), **detail}
+        # (In force before the new epoch starts: the epoch counts full batches against its limit, and every rule reads
+        # the limit measured from it.)
         self._params = to
+        self._new_epoch(now)
         self._limits_put[to.max_batch_size] = now
         self._changes += 1
         return Decision(to, reason, detail)
