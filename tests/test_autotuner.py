@@ -755,7 +755,7 @@ def test_a_break_on_a_busy_executor_is_never_answered_with_a_lower_limit() -> No
     preds = (predicted(here, 0.250), predicted(one, 0.066), predicted(half, 0.120))
     kept_large = answer_open_plan(busy, preds, fit, violation=True)
     assert kept_large is None or kept_large.params.max_batch_size >= 64
-    idle = answer_open_plan(replace(busy, utilization=0.5), preds, fit, violation=True)
+    idle = answer_open_plan(replace(busy, utilization=0.45), preds, fit, violation=True)
     assert idle is not None and idle.params == one
 
 
@@ -797,7 +797,10 @@ def test_an_open_loop_search_on_a_busy_core_never_lowers_the_limit() -> None:
     preds = (predicted(here, 0.0167), predicted(two, 0.0131), predicted(four, 0.0133))
     kept = answer_open_plan(busy, preds, fit, violation=False)
     assert kept is None or kept.params.max_batch_size >= 16
-    idle = answer_open_plan(replace(busy, own_cpu=0.4), preds, fit, violation=False)
+    # Nor at 69% (live, a soak: 64 / 0 -> 8 / 4 ms with the executor and the core 69% busy read p99 0.95 s).
+    middling = answer_open_plan(replace(busy, own_cpu=0.69, utilization=0.69), preds, fit, violation=False)
+    assert middling is None or middling.params.max_batch_size >= 16
+    idle = answer_open_plan(replace(busy, own_cpu=0.45, utilization=0.4), preds, fit, violation=False)
     assert idle is not None and idle.params == two
 
 
@@ -854,7 +857,7 @@ def test_an_open_loop_on_a_busy_core_never_backs_off_to_halved_batches() -> None
                       own_cpu=0.758, mean_wait_s=0.004, mean_s=0.020, peak_in_server=12)  # fmt: skip
     assert not read_workload(m).closed
     assert Autotuner(spec(50), here)._backoff(m) == TuningParams(8, 0.0)
-    idle = replace(m, utilization=0.4, own_cpu=0.5)
+    idle = replace(m, utilization=0.4, own_cpu=0.45)
     assert Autotuner(spec(50), here)._backoff(idle) == TuningParams(2, 0.0)
 
 
@@ -1016,7 +1019,8 @@ def test_full_batches_with_a_queue_behind_them_are_never_halved_however_idle_the
     """A slowed host (the process had 0.61 of its core) made 32 closed-loop clients read as an open loop: their
     arrivals waited in the front-ends and no longer followed the answers. The executor read 55% busy, so the
     open-loop backoff halved full batches of 16 (16 / 0 -> 8 / 0 ms, p99 60 -> 102 ms, live). Full batches while more
-    waited at once than one holds double instead; without such a queue, a break of full batches still halves."""
+    waited at once than one holds double instead; without such a queue, on an idle core, a break of full batches still
+    halves."""
     here = TuningParams(16, 0.0)
     reading = replace(
         closed_reading(here, rate=612.0, mean_s=0.038, p99_s=0.060, utilization=0.55, peak_in_server=32),
@@ -1024,7 +1028,7 @@ def test_full_batches_with_a_queue_behind_them_are_never_halved_however_idle_the
     )
     assert not read_workload(reading).closed
     assert Autotuner(spec(50), here)._backoff(reading) == TuningParams(32, 0.0)
-    no_queue = replace(reading, peak_in_server=16, items_per_s=200.0, arrival_rate=200.0)
+    no_queue = replace(reading, peak_in_server=16, items_per_s=200.0, arrival_rate=200.0, utilization=0.4)
     assert not read_workload(no_queue).closed
     assert Autotuner(spec(50), here)._backoff(no_queue) == TuningParams(8, 0.0)
 

@@ -87,6 +87,7 @@ FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
 FIRST_CALLS = 2  # a size's first batches are not fitted: a TorchScript model specialises on new shapes
 FULL_SHARE = 0.5  # share of full batches over which the size limit binds...
 BUSY = 0.75  # ...while the executor is this busy: a violation then calls for larger batches
+IDLE = 0.5  # an open loop lowers its limit only while its executor and its core are less busy than this
 OPEN_HEADROOM = 0.9  # an open loop may load a setting's full-batch capacity up to this share
 PLAN_TRIALS = 3  # planned settings tried per search at most
 GAIN = 0.03  # a planned setting must promise this much more items/s than the incumbent...
@@ -510,9 +511,9 @@ class Autotuner:
             # batches. (Live, 32 closed-loop clients on a host that left the process 0.61 of its core read as an
             # open loop, 55% busy: 16 / 0 -> 8 / 0 ms, and the halved batches broke the SLO twice as far.)
             or (m.full_share >= FULL_SHARE and m.peak_in_server > p.max_batch_size)
-            # Or an open loop on a busy core, whose bursts halved batches only leave longer queues behind (live, a soak
-            # at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
-            or (not w.closed and self._busy(m))
+            # Or an open loop on a core not idle, whose bursts halved batches only leave longer queues behind (live, a
+            # soak at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
+            or (not w.closed and not self._idle(m))
         )
         return self._resized(p, 1 if short_of_capacity else -1)
 
@@ -867,24 +868,25 @@ class Autotuner:
 
     @staticmethod
     def _below_the_queue(m: Measurement, params: TuningParams) -> bool:
-        """Would `params` lower a busy open loop's limit, or keep one its full batches leave a queue behind? At a delay
-        of 0 a limit only caps what the queue forms, and its bursts set the tail; the fit's fixed cost is least known
-        for sizes below those seen (NLP batches pad to longer lengths as they grow, so the fit pivots towards the
-        origin: 0-0.2 ms of fixed cost against 1.1-2.4 ms at other moments of the same soak, live). Busy is the
-        executor, or the core it shares with the front-ends. Live: breaks answered with small sizes fell to 1-4 items
-        (soaks at 85% load: 64 -> 1 and 32 -> 4 -> 1, p99 0.2 -> 0.6-1.1 s); a search's trial at 80% load went
-        16 / 2 -> 2 / 0 ms with the core 79% busy (predicted p99 13 ms, read 95 ms within 0.3 s); a soak planned
-        16 / 1 -> 4 / 0 ms under batches of 2.6 on average, bursts filled the batches of 4, and with the executor
-        only 58% busy the queue behind them grew to a p99 of 0.6-0.85 s."""
+        """Would `params` lower an open loop's limit while its core is not idle, or keep one its full batches leave a
+        queue behind? At a delay of 0 a limit only caps what the queue forms, and its bursts set the tail; the fit's
+        fixed cost is least known for sizes below those seen (NLP batches pad to longer lengths as they grow, so the
+        fit pivots towards the origin: 0-0.2 ms of fixed cost against 1.1-2.4 ms at other moments of the same soak,
+        live). A lower limit only releases a waiting batch sooner, which matters where the core is idle. Live: breaks
+        answered with small sizes fell to 1-4 items (soaks at 85% load: 64 -> 1 and 32 -> 4 -> 1, p99 0.2 -> 0.6-1.1
+        s); a search's trial at 80% load went 16 / 2 -> 2 / 0 ms with the core 79% busy (predicted p99 13 ms, read 95
+        ms within 0.3 s); soaks planned 16 / 1 -> 4 / 0 ms under batches of 2.6 (core 82% busy) and 64 / 0 -> 8 / 4 ms
+        (core 69%, executor 69%: read p99 0.95 s); and with the executor 58% busy, full batches of 4 left a queue
+        growing to a p99 of 0.6-0.85 s."""
         n = m.params.max_batch_size
         if m.full_share >= FULL_SHARE and m.peak_in_server > n and params.max_batch_size <= n:
             return True
-        return Autotuner._busy(m) and params.max_batch_size < max(n, m.mean_batch)
+        return not Autotuner._idle(m) and params.max_batch_size < max(n, m.mean_batch)
 
     @staticmethod
-    def _busy(m: Measurement) -> bool:
-        """Is the executor, or the core it shares with the front-ends, busy?"""
-        return m.utilization >= BUSY or m.own_cpu + m.background_cpu >= SATURATED
+    def _idle(m: Measurement) -> bool:
+        """Are the executor and the core it shares with the front-ends both mostly idle?"""
+        return m.utilization < IDLE and m.own_cpu + m.background_cpu < IDLE
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
