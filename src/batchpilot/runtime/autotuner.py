@@ -19,18 +19,17 @@ No trial starts while an open-loop queue holds more than the SLO's worth of work
 Before a fit over several batch sizes exists, one probe (size x2 or /2) supplies one.
 A closed loop whose clients could fill batches of twice the largest size fitted or more measures the largest
 such size once (`_wider`; at an SLO break, before any re-plan): a line is not trusted far beyond its sizes.
-A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is
-abandoned; the incumbent is re-planned with its measured tail (which scales every predicted one) and
-gives way to the plan's pick (never one that broke the SLO since an epoch last met it; an open loop's pick never
-keeps a limit its full batches leave a queue behind, nor caps a busy core's batches below what its queue forms; a
-closed loop's predicted p99 is never below its clients' round trip in the server, by Little's law). With nothing
-predicted to do better, a first break is measured again from after it (a stall passes; the setting was the best
-known); a second in a row, a tail over twice the SLO,
-a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the delay drops to its
-minimum, else the batch size doubles when the executor is the bottleneck or halves when the batches are; a closed
-loop's batches short of its clients take the delay its front-ends need to bring the missing items).
-An open loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the
-lowest tail among them is held.
+A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is abandoned; the
+incumbent is re-planned with its measured tail (which scales every predicted one) and gives way to the plan's pick
+(never one that broke the SLO since an epoch last met it; an open loop's pick never keeps a limit its full batches
+leave a queue behind, nor lowers its limit unless the core is idle; a closed loop's predicted p99 is never below
+its clients' round trip in the server, by Little's law). With nothing predicted to do better, a first break is
+measured again from after it (a stall passes; the setting was the best known); a second in a row, a tail over twice
+the SLO, a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the delay drops to its
+minimum, else the batch size doubles when the executor is the bottleneck or the core is not idle, or halves when
+the batches are; a closed loop's batches short of its clients take the delay its front-ends need to bring the
+missing items). An open loop that breaks the SLO at three settings in a row is declared infeasible, and the one
+with the largest limit (then the lowest tail) among them is held.
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
 core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
