@@ -192,7 +192,10 @@ def test_adapts_when_the_load_steps_up_and_down() -> None:
         assert sum(w.p99_s <= 0.050 for w in steady) >= 0.95 * len(steady)
         assert sim.stats(40 * i + 10, 40 * (i + 1)).throughput_rps >= 0.95 * rate
         assert sim.changes_between(40 * i + 20, 40 * (i + 1)) <= 1
-    assert max(d.params.max_batch_size for _, d in sim.decisions) >= 32  # grew for the peak
+    # Grew for the peak: 8 items per 4.4 ms serve 1,818/s. (There its backoff doubles the limit, keeping the delay that
+    # gathers its batches of 4 on a busy executor: `_emptier`. Before that rule, the delay dropped first, and the
+    # re-plan at the next break, read at 8 / 0 ms, went to 32 / 2 ms; 16 / 2 ms holds 3,000/s at p99 16 ms.)
+    assert max(d.params.max_batch_size for _, d in sim.decisions) >= 16
 
 
 def test_adapts_when_the_model_slows_down() -> None:
@@ -859,6 +862,30 @@ def test_an_open_loop_on_a_busy_core_never_backs_off_to_halved_batches() -> None
     assert Autotuner(spec(50), here)._backoff(m) == TuningParams(8, 0.0)
     idle = replace(m, utilization=0.4, own_cpu=0.45)
     assert Autotuner(spec(50), here)._backoff(idle) == TuningParams(2, 0.0)
+
+
+def test_an_open_loop_on_a_busy_core_keeps_the_delay_that_gathers_its_batches() -> None:
+    """Live, run S2 (resnet-mini, Poisson at 80% load): a break at 16 / 2 ms under batches of 6.8 with the core 72%
+    busy dropped the delay to 16 / 0 ms, and the row read p99 102 ms where 16 / 2 ms alone held 34. On a busy core the
+    backoff keeps such a delay and doubles the limit, and a re-plan picks no shorter one; with full batches (the delay
+    gathers nothing) or on an idle core the delay still drops."""
+    here, shorter, wider = TuningParams(16, 0.002), TuningParams(16, 0.0), TuningParams(32, 0.002)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=600, items_per_s=402.5, arrival_rate=387.1, company_share=1.0,
+        mean_s=0.050, mean_se=0.002, mean_wait_s=0.02, p99_s=0.106, utilization=0.656, largest_batch=16,
+        mean_batch=6.77, peak_in_server=30, lag_ratio=1.0, own_cpu=0.723, full_share=0.1,
+    )  # fmt: skip
+    assert not read_workload(m).closed
+    assert Autotuner(spec(50), here)._backoff(m) == wider
+    assert Autotuner(spec(50), here)._backoff(replace(m, full_share=0.9)) == shorter
+    assert Autotuner(spec(50), here)._backoff(replace(m, utilization=0.4, own_cpu=0.45)) == shorter
+    fit = LatencyFit(1.4e-3, 1.0e-3)
+    preds = tuple(CandidatePrediction(p, 387.1, t, 0.5 * t, 6.0, 0.7, False) for p, t in
+                  ((here, 0.106), (shorter, 0.060), (wider, 0.080)))  # fmt: skip
+    pick = answer_open_plan(m, preds, fit, violation=True)
+    assert pick is not None and pick.params == wider
+    idle = answer_open_plan(replace(m, utilization=0.4, own_cpu=0.45), preds, fit, violation=True)
+    assert idle is not None and idle.params == shorter
 
 
 def test_an_open_loop_held_as_infeasible_keeps_the_largest_limit_it_broke_the_slo_at() -> None:

@@ -21,15 +21,15 @@ A closed loop whose clients could fill batches of twice the largest size fitted 
 such size once (`_wider`; at an SLO break, before any re-plan): a line is not trusted far beyond its sizes.
 A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once: a trial is abandoned; the
 incumbent is re-planned with its measured tail (which scales every predicted one) and gives way to the plan's pick
-(never one that broke the SLO since an epoch last met it; an open loop's pick never keeps a limit its full batches
-leave a queue behind, nor lowers its limit unless the core is idle; a closed loop's predicted p99 is never below
-its clients' round trip in the server, by Little's law). With nothing predicted to do better, a first break is
-measured again from after it (a stall passes; the setting was the best known); a second in a row, a tail over twice
-the SLO, a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the delay drops to its
-minimum, else the batch size doubles when the executor is the bottleneck or the core is not idle, or halves when
-the batches are; a closed loop's batches short of its clients take the delay its front-ends need to bring the
-missing items). An open loop that breaks the SLO at three settings in a row is declared infeasible, and the one
-with the largest limit (then the lowest tail) among them is held.
+(never one that broke the SLO since an epoch last met it; an open loop's pick never keeps a limit its full batches leave
+a queue behind, nor lowers its limit or the delay that gathers its batches unless the core is idle; a closed loop's
+predicted p99 is never below its clients' round trip in the server, by Little's law). With nothing predicted to do
+better, a first break is measured again from after it (a stall passes; the setting was the best known); a second in a
+row, a tail over twice the SLO, a growing open-loop queue, or no fit over several sizes backs off multiplicatively (the
+delay drops to its minimum unless it gathers an open loop's batches on a busy core, else the batch size doubles when the
+executor is the bottleneck or the core is not idle, or halves when the batches are; a closed loop's batches short of its
+clients take the delay its front-ends need to bring the missing items). An open loop that breaks the SLO at three
+settings in a row is declared infeasible, and the one with the largest limit (then the lowest tail) among them is held.
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
 core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
@@ -483,20 +483,21 @@ class Autotuner:
         return self._move(safer, "slo-violation", now, self._figures(m))
 
     def _backoff(self, m: Measurement) -> TuningParams | None:
-        """Multiplicative decrease of the latency: drop the delay to its minimum; else double the
-        size when the executor is the bottleneck (the queue is what is slow), else halve it (the
-        batches are). Never reverses an earlier backoff before the search has settled again. A closed loop
-        of several clients backs off to fuller batches instead (`_fuller`): its clients wait on the server
-        most of their round trip, which lasts clients / items per second, so only more items per second
-        shortens it, and emptier batches serve fewer (live at 32 clients: resnet-mini 16 / 0 ms served 909
-        items/s at p99 65.8 ms where 16 / 1 ms served 970 at 44.5; textcls halved 16 -> 8 fell from 1,130 to
-        580-810 items/s, every break answered by a further drop)."""
+        """Multiplicative decrease of the latency: drop the delay to its minimum (unless it gathers an open loop's
+        batches on a busy core: `_emptier`); else double the size when the executor is the bottleneck (the queue is what
+        is slow) or the core is busy, else halve it (the batches are). Never reverses an earlier backoff before the
+        search has settled again. A closed loop of several clients backs off to fuller batches instead (`_fuller`): its
+        clients wait on the server most of their round trip, which lasts clients / items per second, so only more items
+        per second shortens it, and emptier batches serve fewer (live at 32 clients: resnet-mini 16 / 0 ms served 909
+        items/s at p99 65.8 ms where 16 / 1 ms served 970 at 44.5; textcls halved 16 -> 8 fell from 1,130 to 580-810
+        items/s, every break answered by a further drop)."""
         p = self._params
         w = read_workload(m)
         if self._frugal(m, w) or w.grouped:
             return self._fuller(m, w)
-        if p.max_queue_delay_s > self._lo_d:
-            return replace(p, max_queue_delay_s=self._lo_d)
+        shorter = replace(p, max_queue_delay_s=self._lo_d)
+        if p.max_queue_delay_s > self._lo_d and (w.closed or not self._emptier(m, shorter)):
+            return shorter
         queued_s = m.mean_wait_s
         short_of_capacity = (
             m.utilization >= 0.9
@@ -795,7 +796,7 @@ class Autotuner:
             # the backoff's delay drop alternated 4 / 10 <-> 4 / 0 ms every 2 s, each breaking it, as the queue grew
             # to a p99 of 1.85 s.
             and (not out.violation or c.params not in self._broke)
-            and (w.closed or not self._below_the_queue(m, c.params))
+            and (w.closed or not (self._below_the_queue(m, c.params) or self._emptier(m, c.params)))
             and (not frugal or self._no_emptier(c.params, m))
             and not self._below_the_batches(c.params, m, w)
         ]
@@ -881,6 +882,17 @@ class Autotuner:
         if m.full_share >= FULL_SHARE and m.peak_in_server > n and params.max_batch_size <= n:
             return True
         return not Autotuner._idle(m) and params.max_batch_size < max(n, m.mean_batch)
+
+    @staticmethod
+    def _emptier(m: Measurement, params: TuningParams) -> bool:
+        """Would `params` shorten an open loop's delay while it gathers the batches (they leave short of the limit) on a
+        core that is not idle? They would leave emptier, each item then costing more of the core its bursts queue for,
+        while the delay itself adds at most its own length to a tail the queue sets (live, run S: 16 / 2 -> 16 / 0 ms
+        backoffs at breaks under batches of 5-7 with the core 72-100% busy, and a re-plan to 16 / 0.5 ms at 67%, read
+        p99 102-143 ms over rows where 16 / 2 ms alone held 15-41 ms). Full batches leave when full, whatever the
+        delay."""
+        shorter = params.max_queue_delay_s < m.params.max_queue_delay_s
+        return shorter and m.full_share < FULL_SHARE and not Autotuner._idle(m)
 
     @staticmethod
     def _idle(m: Measurement) -> bool:
