@@ -157,8 +157,21 @@ def static_specs_env(model: str, size: int, delay_ms: float) -> dict[str, str]:
 
 
 def pin_server(served: Served) -> None:
-    if (os.cpu_count() or 1) > 1:  # every thread of the server onto the server core
-        subprocess.run(["taskset", "-a", "-cp", SERVER_CPU, str(served.proc.pid)], check=True, capture_output=True)
+    """Every thread of the server and of its child processes onto the server core. (Its plan worker, spawned before
+    the server is ready, had kept this script's core, the load generator's, until this pinned the children too.)"""
+    if (os.cpu_count() or 1) > 1:
+        for pid in process_tree(served.proc.pid):
+            subprocess.run(["taskset", "-a", "-cp", SERVER_CPU, str(pid)], check=True, capture_output=True)
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from /proc's lists of each thread's children."""
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(p := todo.pop())
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            todo += [int(c) for c in children.read_text().split()]
+    return tree
 
 
 def closed_loop(served: Served, requests: list[bytes], clients: int, seconds: float) -> float:

@@ -886,6 +886,10 @@ def test_an_open_loop_on_a_busy_core_keeps_the_delay_that_gathers_its_batches() 
     assert pick is not None and pick.params == wider
     idle = answer_open_plan(replace(m, utilization=0.4, own_cpu=0.45), preds, fit, violation=True)
     assert idle is not None and idle.params == shorter
+    # Nor does a break declared infeasible drop it (live, run W2: 64 / 2 -> 64 / 0 ms so, the core 94% busy).
+    held = Autotuner(spec(50), here)._declare_infeasible(m, now=10.0)
+    assert held.params == here and not held.changed
+    assert Autotuner(spec(50), here)._declare_infeasible(replace(m, utilization=0.4, own_cpu=0.45), 10.0).changed
 
 
 def test_an_open_loop_break_that_the_window_absorbs_is_not_acted_on() -> None:
