@@ -353,20 +353,24 @@ class Autotuner:
         """Figures for `GET /v2/models/{m}/batching` over the last `window_s` seconds."""
         self._forget(now)
         span = max(min(self._window_s, now - (self._first_seen if self._first_seen is not None else now)), 1e-9)
-        lat = [x for _, x in self._answers]
+        p99 = self._window_p99()
         fit = self._fit()
         return {
             "slo_feasible": self._feasible,
             "latency_model": None
             if fit is None
             else {"a_ms_per_item": round(fit.a_s * 1e3, 4), "b_ms": round(fit.b_s * 1e3, 4)},
-            "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 3) if lat else None,
-            "throughput_rps": round(len(lat) / span, 2),
+            "p99_ms": None if p99 is None else round(p99 * 1e3, 3),
+            "throughput_rps": round(len(self._answers) / span, 2),
             "items_per_s": round(sum(n for _, n in self._items) / span, 2),
             "changes": self._changes,
             "state": "settled" if self._settled else "warmup" if self._epoch_count <= 1 else "exploring",
             "plan": self._plan_report(),
         }
+
+    def _window_p99(self) -> float | None:
+        """The p99 of the answers within the last `window_s` (as last forgotten), None without any."""
+        return float(np.percentile([x for _, x in self._answers], 99)) if self._answers else None
 
     # -- policy -------------------------------------------------------------------------------
     def _low_load(self, epoch: Epoch, now: float) -> Decision | None:
@@ -403,8 +407,6 @@ class Autotuner:
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial or (not self._feasible and not (self._growing(m) and m.duration_s >= MEASURE_S)):
             return None  # both miss: the trial is judged on p99 at its end; or a lost cause (that keeps pace)
-        if self._absorbed(m, now):
-            return None  # measured again as its answers come
         if self._others_trying and not self._severe(m):
             return None  # another model's trial may be the cause: judged once it is over
         if m.items_per_s > DRAINING * m.arrival_rate:
@@ -414,6 +416,8 @@ class Autotuner:
             return None
         if self._replanned is self._epoch:
             return None  # one re-plan per epoch: on its way, or it found nothing better
+        if self._absorbed(m, now):
+            return None  # measured again as its answers come
         self._broke.add(self._incumbent)
         if (futile := self._futile(m, now)) is not None:
             return futile
@@ -436,10 +440,11 @@ class Autotuner:
         changes those breaks brought (to 64 / 2 ms) read 150-180 ms."""
         if read_workload(m).closed or self._severe(m):
             return False
-        self._forget(now)
+        self._forget(now)  # (a plan's answer can settle the search between two steps)
         if len(self._answers) < MIN_ANSWERS * self._window_s / MEASURE_S:
             return False
-        return float(np.percentile([x for _, x in self._answers], 99)) <= self._slo_s
+        p99 = self._window_p99()
+        return p99 is not None and p99 <= self._slo_s
 
     def _futile(self, m: Measurement, now: float) -> Decision | None:
         """An open loop that broke the SLO at FUTILE settings in a row: none tried meets it, and each further change
@@ -512,7 +517,7 @@ class Autotuner:
         if self._frugal(m, w) or w.grouped:
             return self._fuller(m, w)
         shorter = replace(p, max_queue_delay_s=self._lo_d)
-        if p.max_queue_delay_s > self._lo_d and (w.closed or not self._emptier(m, shorter)):
+        if p.max_queue_delay_s > self._lo_d and not self._emptier(shorter, m, w):
             return shorter
         queued_s = m.mean_wait_s
         short_of_capacity = (
@@ -812,7 +817,8 @@ class Autotuner:
             # the backoff's delay drop alternated 4 / 10 <-> 4 / 0 ms every 2 s, each breaking it, as the queue grew
             # to a p99 of 1.85 s.
             and (not out.violation or c.params not in self._broke)
-            and (w.closed or not (self._below_the_queue(m, c.params) or self._emptier(m, c.params)))
+            and (w.closed or not self._below_the_queue(m, c.params))
+            and not self._emptier(c.params, m, w)
             and (not frugal or self._no_emptier(c.params, m))
             and not self._below_the_batches(c.params, m, w)
         ]
@@ -900,7 +906,7 @@ class Autotuner:
         return not Autotuner._idle(m) and params.max_batch_size < max(n, m.mean_batch)
 
     @staticmethod
-    def _emptier(m: Measurement, params: TuningParams) -> bool:
+    def _emptier(params: TuningParams, m: Measurement, w: Workload) -> bool:
         """Would `params` shorten an open loop's delay while it gathers the batches (they leave short of the limit) on a
         core that is not idle? They would leave emptier, each item then costing more of the core its bursts queue for,
         while the delay itself adds at most its own length to a tail the queue sets (live, run S: 16 / 2 -> 16 / 0 ms
@@ -908,7 +914,7 @@ class Autotuner:
         p99 102-143 ms over rows where 16 / 2 ms alone held 15-41 ms). Full batches leave when full, whatever the
         delay."""
         shorter = params.max_queue_delay_s < m.params.max_queue_delay_s
-        return shorter and m.full_share < FULL_SHARE and not Autotuner._idle(m)
+        return not w.closed and shorter and m.full_share < FULL_SHARE and not Autotuner._idle(m)
 
     @staticmethod
     def _idle(m: Measurement) -> bool:
@@ -971,7 +977,7 @@ class Autotuner:
         w, shorter = read_workload(m), replace(self._incumbent, max_queue_delay_s=self._lo_d)
         # (A frugal loop's delay fills its batches, as does a busy open loop's that `_emptier` keeps: live, run W2
         # declared a break at 64 / 2 ms infeasible under batches of 5.6 on a core 94% busy and went to 64 / 0 ms.)
-        if waits and not self._frugal(m, w) and (w.closed or not self._emptier(m, shorter)):
+        if waits and not self._frugal(m, w) and not self._emptier(shorter, m, w):
             self._incumbent = shorter
             self._reopen()
             decision = self._move(self._incumbent, "infeasible", now, self._figures(m))
