@@ -892,6 +892,34 @@ def test_an_open_loop_on_a_busy_core_keeps_the_delay_that_gathers_its_batches() 
     assert Autotuner(spec(50), here)._declare_infeasible(replace(m, utilization=0.4, own_cpu=0.45), 10.0).changed
 
 
+def test_an_open_loop_never_backs_off_to_a_larger_limit_whose_capacity_it_does_not_need() -> None:
+    """Live, run N2 (resnet-mini, Poisson at 80% load, one core): breaks under 16 / 2 ms with batches of 7.7 doubled the
+    limit to 32, then 64, and the row read p99 152 ms where 16 / 2 ms alone held 36. By the fit (1.2 ms of CPU an item
+    plus 0.48 ms of front-end, 2.8 ms a batch) full batches of 16 serve 540 items/s against 385 arriving: a larger limit
+    adds capacity no one needs, and only lets a burst form longer batches. Such a break changes nothing; with the
+    arrivals near that capacity, the executor busy all along, or before a fit over several sizes, the limit still
+    doubles."""
+    here, wider = TuningParams(16, 0.002), TuningParams(32, 0.002)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=444, items_per_s=295.7, arrival_rate=384.6, company_share=1.0,
+        mean_s=0.039, mean_se=0.002, mean_wait_s=0.017, p99_s=0.077, utilization=0.719, largest_batch=16,
+        mean_batch=7.69, peak_in_server=40, lag_ratio=1.26, own_cpu=0.66, full_share=0.1, frontend_cpu_s=0.478e-3,
+    )  # fmt: skip
+    assert not read_workload(m).closed
+
+    def fitted() -> Autotuner:
+        tuner = Autotuner(spec(50), here, cores=1)
+        for i in range(8):
+            for n in (2, 4, 8, 16):
+                tuner.record_batch(n, 1.33e-3 * n + 3.06e-3, 10.0 + 0.1 * i, cpu_s=1.2e-3 * n + 2.8e-3)
+        return tuner
+
+    assert fitted()._backoff(m) is None
+    assert fitted()._backoff(replace(m, arrival_rate=500.0)) == wider  # 93% of what batches of 16 serve
+    assert fitted()._backoff(replace(m, utilization=0.95)) == wider  # busy all along: the fit may predate a slowdown
+    assert Autotuner(spec(50), here, cores=1)._backoff(m) == wider  # no fit: capacity unknown
+
+
 def test_an_open_loop_break_that_the_window_absorbs_is_not_acted_on() -> None:
     """Two stalls 2.8 s apart (one batch takes 60 ms): each breaks its 1.5-s epoch, while the p99 over the last 10 s
     stays within the SLO. Such breaks are measured again, not backed off (live, runs N1 / N2: 16 / 2 ms broke epochs

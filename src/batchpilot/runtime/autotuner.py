@@ -28,7 +28,8 @@ closed loop's predicted p99 is never below its clients' round trip in the server
 predicted to do better, a first break is measured again from after it (a stall passes; the setting was the best known);
 a second in a row, a tail over twice the SLO, a growing open-loop queue, or no fit over several sizes backs off
 multiplicatively (the delay drops to its minimum unless it gathers an open loop's batches on a busy core, else the batch
-size doubles when the executor is the bottleneck or the core is not idle, or halves when the batches are; a closed
+size doubles when the executor is the bottleneck or the core is not idle, but not an open loop's whose full batches
+would serve its arrivals with room to spare, or halves when the batches are; a closed
 loop's batches short of its clients take the delay its front-ends need to bring the missing items). An open loop that
 breaks the SLO at three settings in a row is declared infeasible, and the one with the largest limit (then the lowest
 tail) among them is held.
@@ -536,7 +537,30 @@ class Autotuner:
             # soak at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
             or (not w.closed and not self._idle(m))
         )
+        if short_of_capacity and self._capacity_to_spare(p, m, w):
+            return None  # a larger limit serves no more than the arrivals need: its batches only run longer
         return self._resized(p, 1 if short_of_capacity else -1)
+
+    def _capacity_to_spare(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
+        """Do an open loop's full batches of `p`'s limit serve more than OPEN_HEADROOM x over its arrivals (by the fit,
+        as the core serves them: `_open_fit`), so that a doubled limit adds capacity no one needs? Its batches then only
+        grow in a burst, each item of a batch answered after all of it: live (runs N2, O2, W1, resnet-mini at 80-95% of
+        capacity, batches of 5-8 under 16 / 2 ms), breaks doubled the limit 16 -> 32 -> 64 within 1-3 s and the rows
+        read p99 88-245 ms where 16 / 2 ms alone held 20-48 ms; d(n) there is 1.8 ms an item (front-end included) plus
+        3 ms a batch, so 64 serves 8% more than 16. Unknown before a fit over several sizes."""
+        fit = self._fit()
+        if w.closed or m.utilization >= 0.9 or fit is None or fit.one_size:
+            return False  # (an executor busy all along serves no more than it does: the fit may predate a slowdown)
+        return not self._near_capacity(p, self._open_fit(m, fit), w)
+
+    def _open_fit(self, m: Measurement, fit: LatencyFit) -> LatencyFit:
+        """An open loop's d(n) as its core serves it: on one core the executor's CPU fit with each item's front-end CPU
+        added (the core runs both), stretched by the share other models take; else the wall-time `fit`."""
+        costs = self._cpu_costs(m)
+        if costs is None:
+            return fit
+        cpu_fit, f = _stretched(costs, self._unsimulated_share(m, ()))
+        return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
 
     def _resized(self, p: TuningParams, direction: int) -> TuningParams | None:
         """`p` with its size doubled (+1) or halved (-1); None when that changes nothing or reverses an
@@ -779,9 +803,7 @@ class Autotuner:
         elif w.closed:
             job = PlanJob("closed", fit, **common, items=items, clients=w.clients, think_s=w.think_s)
         else:
-            if one_core is not None:  # an open loop on one core: each item also costs its front-end CPU
-                cpu_fit, f = one_core
-                fit = LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
+            fit = self._open_fit(m, fit)  # on one core each item also costs its front-end CPU
             job = PlanJob("open", fit, **common, items=PLAN_ITEMS, arrival_rate=w.arrival_rate)
         return _Outstanding(job, fit, w, m, self._incumbent, violation, costs)
 
