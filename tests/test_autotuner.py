@@ -769,13 +769,17 @@ def answer_open_plan(
     *,
     violation: bool,
     broke: tuple[TuningParams, ...] = (),
+    sizes: tuple[int, ...] = (),
 ) -> Decision | None:
     """What a tuner at preds[0]'s setting does with an open-loop plan over `preds` whose pick was preds[1] (`broke`:
-    settings that broke the SLO since it was last met)."""
+    settings that broke the SLO since it was last met; `sizes`: batch sizes it has fitted)."""
     here = preds[0].params
     job = PlanJob("open", fit, tuple(c.params for c in preds), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
     tuner = Autotuner(spec(50), here)
     tuner._broke.update(broke)
+    for i in range(4):
+        for n in sizes:
+            tuner.record_batch(n, fit(n), 9.0 + 0.1 * i)
     out = _Outstanding(job, fit, read_workload(m), m, here, violation=violation)
     return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
 
@@ -805,6 +809,25 @@ def test_an_open_loop_search_on_a_busy_core_never_lowers_the_limit() -> None:
     assert middling is None or middling.params.max_batch_size >= 16
     idle = answer_open_plan(replace(busy, own_cpu=0.45, utilization=0.4), preds, fit, violation=False)
     assert idle is not None and idle.params == two
+
+
+def test_an_open_loop_plan_never_grows_the_limit_past_twice_the_sizes_it_has_fitted() -> None:
+    """Live, run U F2 (textcls at 95% load, one core): a break under 16 / 2 ms with batches of 13 was re-planned to 64 /
+    8 ms, predicted to keep pace at p99 51 ms by a line fitted on batches of up to 16; padded batches of 64 cost more
+    than the line, fell behind, and the row read p99 1.34 s. The limit grows by doubling (each step then fitted)."""
+    here, far, next_ = TuningParams(16, 0.002), TuningParams(64, 0.008), TuningParams(32, 0.004)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=1530, items_per_s=1019.6, arrival_rate=1041.9, company_share=1.0,
+        mean_s=0.024, mean_se=0.001, mean_wait_s=0.012, p99_s=0.0523, utilization=0.886, largest_batch=16,
+        mean_batch=12.96, peak_in_server=52, lag_ratio=1.04, own_cpu=0.995, full_share=0.4,
+    )  # fmt: skip
+    fit = LatencyFit(0.797e-3, 1.32e-3)
+    preds = tuple(CandidatePrediction(p, 1041.9, t, 0.5 * t, 8.0, 0.9, False) for p, t in
+                  ((here, 0.090), (far, 0.051), (next_, 0.065)))  # fmt: skip
+    bounded = answer_open_plan(m, preds, fit, violation=True, sizes=(4, 8, 12, 16))
+    assert bounded is not None and bounded.params == next_
+    unknown = answer_open_plan(m, preds, fit, violation=True)  # no batches fitted: no bound
+    assert unknown is not None and unknown.params == far
 
 
 def soak_break(

@@ -23,7 +23,8 @@ A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered
 that the p99 over the last window absorbs (a stall's, not severe; measured again as its answers come): a trial is
 abandoned; the incumbent is re-planned with its measured tail (which scales every predicted one) and gives way to the
 plan's pick (never one that broke the SLO since an epoch last met it; an open loop's pick never keeps a limit its full
-batches leave a queue behind, nor lowers its limit or the delay that gathers its batches unless the core is idle; a
+batches leave a queue behind, nor grows it past twice the largest batch fitted, nor lowers its limit or the delay that
+gathers its batches unless the core is idle; a
 closed loop's predicted p99 is never below its clients' round trip in the server, by Little's law). With nothing
 predicted to do better, a first break is measured again from after it (a stall passes; the setting was the best known);
 a second in a row, a tail over twice the SLO, a growing open-loop queue, or no fit over several sizes backs off
@@ -704,6 +705,17 @@ class Autotuner:
             return None
         return replace(self._incumbent, max_batch_size=target)
 
+    def _beyond_the_fit(self, p: TuningParams, w: Workload) -> bool:
+        """Would `p` let an open loop's batches grow past twice the largest size fitted (and past the incumbent's
+        limit)? A plan prices such batches by extrapolating the line, and an open loop has no `_wider` measurement to
+        correct it: NLP batches pad more as they grow (live, run U F2: textcls at 95% load, batches of 13 under 16 / 2
+        ms, a break re-planned to 64 / 8 ms, predicted to keep pace; full batches of 64 fell behind and the row read p99
+        1.34 s). A limit grows by doubling, each step then fitted. No bound before a fit."""
+        fitted = self._recent_batches()
+        if w.closed or not len(fitted):
+            return False
+        return p.max_batch_size > max(self._incumbent.max_batch_size, 2 * int(fitted[:, 0].max()))
+
     def _put_lately(self, max_batch_size: int, now: float) -> bool:
         """Was this size limit in force within FIT_MEMORY_S (its batches, if any, still in the fit)?"""
         at = self._limits_put.get(max_batch_size)
@@ -843,6 +855,7 @@ class Autotuner:
             and not self._emptier(c.params, m, w)
             and (not frugal or self._no_emptier(c.params, m))
             and not self._below_the_batches(c.params, m, w)
+            and not self._beyond_the_fit(c.params, w)
         ]
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
