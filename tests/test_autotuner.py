@@ -831,7 +831,8 @@ def test_an_open_loop_plan_never_grows_the_limit_past_twice_the_sizes_it_has_fit
     """Live, run U F2 (textcls at 95% load, one core): a break under 16 / 2 ms with batches of 13 was re-planned to 64 /
     8 ms, predicted to keep pace at p99 51 ms by a line fitted on batches of up to 16; padded batches of 64 cost more
     than the line, fell behind, and the row read p99 1.34 s. The limit grows by doubling (each step then fitted)."""
-    here, far, next_ = TuningParams(16, 0.002), TuningParams(64, 0.008), TuningParams(32, 0.004)
+    # (At the incumbent's delay: on this saturated core no plan lengthens it, `_waits_longer`.)
+    here, far, next_ = TuningParams(16, 0.002), TuningParams(64, 0.002), TuningParams(32, 0.002)
     m = Measurement(
         params=here, duration_s=1.5, completed=1530, items_per_s=1019.6, arrival_rate=1041.9, company_share=1.0,
         mean_s=0.024, mean_se=0.001, mean_wait_s=0.012, p99_s=0.0523, utilization=0.886, largest_batch=16,
@@ -844,6 +845,51 @@ def test_an_open_loop_plan_never_grows_the_limit_past_twice_the_sizes_it_has_fit
     assert bounded is not None and bounded.params == next_
     unknown = answer_open_plan(m, preds, fit, violation=True)  # no batches fitted: no bound
     assert unknown is not None and unknown.params == far
+
+
+def test_an_open_loop_within_the_slo_on_a_saturated_core_starts_no_search_trial() -> None:
+    """Live (run V A, textcls at 80% load, the core 99% busy): under 16 / 2 ms at p99 37 ms, a search tried 32 / 8 ms,
+    predicted 26 ms, which read 61 ms at once; the next tried 32 / 10 ms and the row read 49 ms where a static setting
+    held 35. Every stable setting serves an open loop's arrivals, so within the SLO its objective is met and a trial
+    could only shorten a tail already within it. With the core not saturated the search still tries."""
+    here, longer = TuningParams(16, 0.002), TuningParams(32, 0.008)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=1180, items_per_s=785.1, arrival_rate=796.8, company_share=1.0,
+        mean_s=0.0167, mean_se=0.0005, mean_wait_s=0.006, p99_s=0.0369, utilization=0.855, largest_batch=16,
+        mean_batch=7.49, peak_in_server=30, lag_ratio=1.02, own_cpu=0.993, full_share=0.1,
+    )  # fmt: skip
+    assert not read_workload(m).closed
+    fit = LatencyFit(0.8e-3, 1.2e-3)
+    preds = tuple(CandidatePrediction(p, 796.8, t, 0.5 * t, 8.0, 0.8, False) for p, t in
+                  ((here, 0.0369), (longer, 0.0258)))  # fmt: skip
+    assert answer_open_plan(m, preds, fit, violation=False) is None
+    tried = answer_open_plan(replace(m, own_cpu=0.6), preds, fit, violation=False)
+    assert tried is not None and tried.reason == "plan" and tried.params == longer
+
+
+def test_an_open_loop_on_a_saturated_core_is_never_planned_a_longer_delay() -> None:
+    """Live (run V A, textcls, the open loop's 3x step, core 95% busy): a break under 16 / 2 ms was re-planned to 32 /
+    8 ms, predicted p99 34 ms; it read 62-72 ms and was declared infeasible. On a saturated core batches form from the
+    queue while the executor runs, and a delay only holds back the items that find it idle: no plan lengthens it there
+    (a larger limit at the same delay may still be picked). With the core not saturated the longer delay is taken."""
+    here, longer, wider = TuningParams(16, 0.002), TuningParams(32, 0.008), TuningParams(32, 0.002)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=1290, items_per_s=863.9, arrival_rate=860.0, company_share=1.0,
+        mean_s=0.0185, mean_se=0.0006, mean_wait_s=0.007, p99_s=0.0551, utilization=0.825, largest_batch=16,
+        mean_batch=8.52, peak_in_server=34, lag_ratio=1.0, own_cpu=0.946, full_share=0.2,
+    )  # fmt: skip
+    assert not read_workload(m).closed
+    fit = LatencyFit(0.8e-3, 1.2e-3)
+
+    def preds(*options: tuple[TuningParams, float]) -> tuple[CandidatePrediction, ...]:
+        return tuple(CandidatePrediction(p, 860.0, t, 0.5 * t, 8.0, 0.8, False) for p, t in ((here, 0.055), *options))
+
+    none = answer_open_plan(m, preds((longer, 0.034)), fit, violation=True)
+    assert none is not None and none.params == here and not none.changed  # (a first break: measured again)
+    kept = answer_open_plan(m, preds((longer, 0.034), (wider, 0.040)), fit, violation=True)
+    assert kept is not None and kept.params == wider
+    idle_core = answer_open_plan(replace(m, own_cpu=0.6), preds((longer, 0.034)), fit, violation=True)
+    assert idle_core is not None and idle_core.params == longer
 
 
 def soak_break(
