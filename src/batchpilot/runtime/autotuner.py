@@ -92,6 +92,7 @@ FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
 FIRST_CALLS = 2  # a size's first batches are not fitted: a TorchScript model specialises on new shapes
 FULL_SHARE = 0.5  # share of full batches over which the size limit binds...
 BUSY = 0.75  # ...while the executor is this busy: a violation then calls for larger batches
+BOTTLENECK = 0.9  # an executor this busy is the bottleneck: what it serves is all it can
 IDLE = 0.5  # an open loop lowers its limit only while its executor and its core are less busy than this
 OPEN_HEADROOM = 0.9  # an open loop may load a setting's full-batch capacity up to this share
 PLAN_TRIALS = 3  # planned settings tried per search at most
@@ -525,7 +526,7 @@ class Autotuner:
             return shorter
         queued_s = m.mean_wait_s
         short_of_capacity = (
-            m.utilization >= 0.9
+            m.utilization >= BOTTLENECK
             or self._queue_grows(m)
             or queued_s > 2 * (m.mean_s - queued_s)
             # Batches leave full from a busy executor: the size limit binds, and halving it would only
@@ -552,8 +553,8 @@ class Autotuner:
         read p99 88-245 ms where 16 / 2 ms alone held 20-48 ms; d(n) there is 1.8 ms an item (front-end included) plus
         3 ms a batch, so 64 serves 8% more than 16. Unknown before a fit over several sizes."""
         fit = self._fit()
-        if w.closed or m.utilization >= 0.9 or fit is None or fit.one_size:
-            return False  # (an executor busy all along serves no more than it does: the fit may predate a slowdown)
+        if w.closed or m.utilization >= BOTTLENECK or fit is None or fit.one_size:
+            return False  # (the fit may predate a slowdown that keeps the executor busy)
         return not self._near_capacity(p, self._open_fit(m, fit), w)
 
     def _open_fit(self, m: Measurement, fit: LatencyFit) -> LatencyFit:
@@ -968,7 +969,7 @@ class Autotuner:
         94-99% busy, plans (at breaks too) went 16 / 2 -> 32 / 8, 32 / 10 and 64 / 8 ms, predicted p99 22-51 ms, and
         read 53-83 ms (textcls; 1.3 s at 64 / 8) where 16 / 2 or 32 / 1 ms alone held 35-43 (runs U F1, F2 and V A)."""
         longer = params.max_queue_delay_s > m.params.max_queue_delay_s
-        return not w.closed and longer and m.own_cpu + m.background_cpu >= SATURATED
+        return not w.closed and longer and Autotuner._saturated(m)
 
     def _content(self, m: Measurement, w: Workload) -> bool:
         """Is this an open loop within the SLO (with the trial margin) on a saturated core? Every stable setting serves
@@ -976,8 +977,12 @@ class Autotuner:
         already within it, and there the plan's tails err most. Live, textcls at 80-95% load with the core 98-99%
         busy: searches tried 16 / 2 -> 32 / 8 and 32 / 10 ms, predicted p99 22-29 ms against 35-37 measured, and read
         58-61 ms (runs U F1, V A)."""
-        saturated = m.own_cpu + m.background_cpu >= SATURATED
-        return not w.closed and saturated and m.p99_s <= TRIAL_MARGIN * self._slo_s
+        return not w.closed and self._saturated(m) and m.p99_s <= TRIAL_MARGIN * self._slo_s
+
+    @staticmethod
+    def _saturated(m: Measurement) -> bool:
+        """Is the core this model runs on (its executor, its front-ends and other models) mostly busy?"""
+        return m.own_cpu + m.background_cpu >= SATURATED
 
     @staticmethod
     def _idle(m: Measurement) -> bool:
