@@ -5,7 +5,7 @@ loop's front-end work beside them): each batch ends later, and requests that com
 batch their companions left in. Taking turns at the moment a batch *forms* (not only when it runs) lets a
 model gather everything that arrived while another model's batch ran: measured with both demo models on one
 core, 16 closed-loop clients each, the clients of a model otherwise settle into two alternating batches of 8
-at the same setting (`docs/bench/autotune.md`, run E).
+at the same setting (`docs/bench/autotune-history.md`, run E).
 
 The turn goes round: a model that finishes its batch while another waits hands the turn over. A turn held
 longer than `MAX_TURN_S` (a hung or very slow model) stops binding the others. All of this runs on the event
