@@ -713,16 +713,16 @@ class Autotuner:
             return None
         return replace(self._incumbent, max_batch_size=target)
 
-    def _beyond_the_fit(self, p: TuningParams, w: Workload) -> bool:
-        """Would `p` let an open loop's batches grow past twice the largest size fitted (and past the incumbent's
-        limit)? A plan prices such batches by extrapolating the line, and an open loop has no `_wider` measurement to
+    def _fit_bound(self, w: Workload) -> float:
+        """The largest limit an open loop's plan may pick: twice the largest size fitted (at least the incumbent's
+        limit). A plan prices larger batches by extrapolating the line, and an open loop has no `_wider` measurement to
         correct it: NLP batches pad more as they grow (live, run U F2: textcls at 95% load, batches of 13 under 16 / 2
         ms, a break re-planned to 64 / 8 ms, predicted to keep pace; full batches of 64 fell behind and the row read p99
         1.34 s). A limit grows by doubling, each step then fitted. No bound before a fit."""
         fitted = self._recent_batches()
         if w.closed or not len(fitted):
-            return False
-        return p.max_batch_size > max(self._incumbent.max_batch_size, 2 * int(fitted[:, 0].max()))
+            return math.inf
+        return max(self._incumbent.max_batch_size, 2 * int(fitted[:, 0].max()))
 
     def _put_lately(self, max_batch_size: int, now: float) -> bool:
         """Was this size limit in force within FIT_MEMORY_S (its batches, if any, still in the fit)?"""
@@ -847,6 +847,7 @@ class Autotuner:
         if not out.violation and self._content(m, w):
             return None
         frugal = self._frugal(m, w)
+        fit_bound = self._fit_bound(w)
         options = [
             c
             for c in scaled
@@ -866,7 +867,7 @@ class Autotuner:
             and not self._waits_longer(c.params, m, w)
             and (not frugal or self._no_emptier(c.params, m))
             and not self._below_the_batches(c.params, m, w)
-            and not self._beyond_the_fit(c.params, w)
+            and c.params.max_batch_size <= fit_bound
         ]
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
