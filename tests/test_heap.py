@@ -8,6 +8,7 @@ trims, and compares what their RSS grew by.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.runtime.heap import heap_trimmer, resident_bytes
+from batchpilot.runtime.heap import DEFAULT_KERNEL_CACHE, KERNEL_CACHE_ENV, heap_trimmer, resident_bytes
 from test_connection_limits import metric
 from test_hardening_server import http_post, server_process
 
@@ -36,7 +37,7 @@ def test_the_trimmer_gives_back_freed_memory_that_small_survivors_pin() -> None:
     script = textwrap.dedent(
         """
         import ctypes, json
-        from batchpilot.runtime.heap import heap_trimmer, resident_bytes
+        from batchpilot.runtime.heap import DEFAULT_KERNEL_CACHE, KERNEL_CACHE_ENV, heap_trimmer, resident_bytes
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc.restype = ctypes.c_void_p
         libc.free.argtypes = [ctypes.c_void_p]
@@ -59,6 +60,52 @@ def test_the_trimmer_gives_back_freed_memory_that_small_survivors_pin() -> None:
     assert out["before"] - out["freed"] < 20 * MIB  # free() alone gave almost nothing back
     assert out["released"] > 150 * MIB  # the trim gave back most of the 200 MiB
     assert out["after"] < out["freed"] - 150 * MIB
+
+
+def kernel_cache_misses(log: str) -> int:
+    """oneDNN kernels built anew (ONEDNN_VERBOSE=all logs each build as a cache miss or hit)."""
+    return log.count("create:cache_miss")
+
+
+@pytest.mark.parametrize(
+    ("given", "environment", "in_force"),
+    [(None, None, DEFAULT_KERNEL_CACHE), (None, "8", 8), (1, "8", 1)],
+)
+def test_the_kernel_cache_bound_is_what_onednn_keeps(given: int | None, environment: str | None, in_force: int) -> None:
+    # Two GELU shapes in turn: a cache of one builds every call's kernel anew, a larger one builds each shape once.
+    script = textwrap.dedent(
+        f"""
+        from batchpilot.runtime.heap import cap_kernel_cache
+        print("in force", cap_kernel_cache({given}))
+        import torch
+        for n in (3, 5, 3, 5, 3, 5):
+            torch.nn.functional.gelu(torch.randn(n, 64, 128))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != KERNEL_CACHE_ENV} | {"ONEDNN_VERBOSE": "all"}
+    if environment is not None:
+        env[KERNEL_CACHE_ENV] = environment
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True, text=True, env=env).stdout
+    assert f"in force {in_force}" in out
+    assert kernel_cache_misses(out) == (6 if in_force == 1 else 2)
+
+
+def test_serve_bounds_the_kernel_cache_before_the_models_run(demo_repository: Path, tmp_path: Path) -> None:
+    """The same request three times: with the default bound every kernel of the second and third is a cache hit;
+    `--kernel-cache 1` builds them again on every call, so the flag reached oneDNN before the model ran."""
+    misses = {}
+    for bound in ("default", "1"):
+        log = tmp_path / f"{bound}.log"
+        extra = () if bound == "default" else ("--kernel-cache", bound)
+        with server_process(demo_repository, log, *extra, env={"ONEDNN_VERBOSE": "all"}) as served:
+            assert http_post(served.http, INFER, tokens_doc(20)) == 200
+            first = kernel_cache_misses(log.read_text(errors="replace"))
+            for _ in range(2):
+                assert http_post(served.http, INFER, tokens_doc(20)) == 200
+            assert served.stop() == 0
+        misses[bound] = (first, kernel_cache_misses(log.read_text(errors="replace")))
+    assert misses["default"][0] > 0 and misses["default"][1] == misses["default"][0], misses
+    assert misses["1"][1] >= misses["1"][0] + 2, misses
 
 
 def tokens_doc(length: int) -> dict[str, object]:

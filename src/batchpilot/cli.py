@@ -9,6 +9,10 @@ from pathlib import Path
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from batchpilot.runtime.heap import cap_kernel_cache
+
+    cap_kernel_cache(args.kernel_cache)  # before torch builds a kernel
+
     from batchpilot.runtime.protocol.limits import ConnectionLimits
     from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads
 
@@ -78,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds between giving freed heap memory back to the OS (glibc malloc_trim; 0: never). Models "
         "that see many input shapes otherwise grow the server's RSS with every new one",
+    )
+    serve.add_argument(
+        "--kernel-cache",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most oneDNN kernels (one per input shape) kept built (default: $ONEDNN_PRIMITIVE_CACHE_CAPACITY, "
+        "else 256; oneDNN's own default, 1,024, lets many shapes pin freed heap memory apart so RSS creeps)",
     )
     limits = serve.add_argument_group("connection limits (HTTP)")
     limits.add_argument(
