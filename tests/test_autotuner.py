@@ -422,6 +422,31 @@ def test_an_open_loop_near_capacity_is_told_from_a_closed_one_by_its_arrivals() 
     assert read_workload(replace(m, lag_ratio=None)).closed and not read_workload(m).closed
 
 
+def test_a_closed_loop_queued_past_its_batches_is_closed_whatever_its_lag() -> None:
+    """Live (peers benchmark, resnet-mini, one core, the clients stepped 1 -> 64): a plan at 4 clients picked 4 / 9
+    ms; at 8 and 16 clients the epochs were read as open (their returns, stamped when the core came free, lagged the
+    answers about as long as chance: 0.84 at 32 clients), the open-loop plan changed nothing, and 16 clients were
+    served 461 req/s at p99 49 ms where a fresh server's tuner held 32 clients at 860-910. A closed loop queued past
+    its batches keeps all its clients in the server but those just answered; Poisson arrivals see the count swing,
+    and a queue that only grows is no closed loop either."""
+    for clients in (8, 16):
+        tuner = Autotuner(spec(50, max_batch_size=4), TuningParams(4, 0.009))
+        BatcherSim(CPU, ClosedLoop(clients), tuner.params, seed=1, tuner=tuner).run_until(3.0)
+        m = tuner._epoch.measure(3.0)  # type: ignore[union-attr]
+        assert m.low_in_server is not None and m.low_in_server >= clients - 4, clients
+        assert read_workload(replace(m, lag_ratio=0.84)).closed, clients
+        assert not read_workload(replace(m, lag_ratio=0.84, low_in_server=None)).closed  # the lag alone: open
+    for rate, limit in ((2150, 32), (0.8 * 64 / CPU.mean(64), 64), (0.95 * 16 / CPU.mean(16), 16)):
+        near = Autotuner(spec(50), TuningParams(limit, 0.0))
+        BatcherSim(CPU, Poisson(rate), near.params, seed=1, tuner=near).run_until(3.0)
+        m = near._epoch.measure(3.0)  # type: ignore[union-attr]
+        assert not read_workload(m).closed, rate
+        if limit == 16:  # a queue that grew by more than a batch over the epoch looks steady to the count alone
+            grown = replace(m, low_in_server=m.peak_in_server - 1, backlog_growth=2 * m.largest_batch)
+            assert not read_workload(grown).closed
+            assert read_workload(replace(grown, backlog_growth=0, lag_ratio=0.84)).closed
+
+
 def test_few_in_the_server_arrivals_that_lag_the_answers_as_chance_does_are_an_open_loop() -> None:
     """Live, run U W2 (resnet-mini, Poisson at 50% load under 32 / 2 ms): 6 in the server, no more than one batch
     holds, so the count decided, and it read closed (think 11 ms under 16 ms in the server); the plan's closed-loop
