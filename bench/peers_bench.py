@@ -221,7 +221,7 @@ def batchpilot_command(repo: Path, port: int) -> list[str]:
             "-m",
             "batchpilot",
             "--log-level",
-            "WARNING",
+            "INFO",  # the autotuner's decisions, one line each, in LOGS/BatchPilot_autotune.log
             "serve",
             "--model-repository",
             str(repo),

@@ -1181,6 +1181,8 @@ class Autotuner:
             "core_others": round(m.background_cpu, 3),
             "frontend_cpu_ms": None if m.frontend_cpu_s is None else _ms(m.frontend_cpu_s),
             "lag_ratio": None if m.lag_ratio is None else round(m.lag_ratio, 2),
+            "in_server_low": m.low_in_server,  # items in the server at arrivals: the 2nd percentile
+            "in_server_peak": m.peak_in_server,  # and the 98th
             "a_ms_per_item": round(fit.a_s * 1e3, 4) if fit else None,
             "b_ms": round(fit.b_s * 1e3, 4) if fit else None,
         }
