@@ -157,6 +157,21 @@ class Phase:
     error: str | None = None
     processes: int = 0  # in the server's tree once ready
     cpus: str = ""  # the cores they may run on (taskset is inherited)
+    started: str = ""  # when it began (ISO, minutes) and on what machine: a merged page's rows may come from
+    machine: str = ""  # several runs; empty in results saved before these were kept
+
+
+def provenance(phases: list[Phase]) -> str:
+    """When and where the phases ran, one clause per machine; phases saved without it count as this run's."""
+    now, here = datetime.datetime.now().isoformat(timespec="minutes"), machine()
+    runs: dict[str, list[str]] = {}
+    for p in phases:
+        runs.setdefault(p.machine or here, []).append(p.started or now)
+    runs = runs or {here: [now]}
+    return "; ".join(
+        f"Run {min(at)}" + (f" to {max(at)}" if max(at) != min(at) else "") + f". Machine: {m}"
+        for m, at in runs.items()
+    )
 
 
 # -- installs (outside the lock) ------------------------------------------------------------------------------
@@ -320,6 +335,7 @@ def measure_phase(
     rows = []
     with ExitStack() as stack:
         phase = Phase(system, command, os.getloadavg(), 0.0)
+        phase.started, phase.machine = datetime.datetime.now().isoformat(timespec="minutes"), machine()
         print(f"== {system}: load {phase.load_before[0]:.2f}", flush=True)
         log = LOGS / f"{system.replace(' ', '_').replace(',', '')}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -510,7 +526,7 @@ def report(
         "\n\n".join(
             [
                 "# BatchPilot vs its peers (same models, same load generator)",
-                f"Run {datetime.datetime.now().isoformat(timespec='minutes')}. Machine: {machine()}. Server pinned to core "
+                f"{provenance(phases)}. Server pinned to core "
                 f"{SERVER_CPU} (`taskset -c {SERVER_CPU}`, its whole process tree; torch 1 thread), `wrk -t1` pinned to core "
                 f"{CLIENT_CPU}, {args.duration} s per level after a 2 s warm-up, concurrency {args.levels}. Every phase (a "
                 f"server up plus its wrk runs) held `/tmp/batchpilot-bench.lock`; other engineers' unlocked work (tests) may "

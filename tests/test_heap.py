@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.runtime.heap import DEFAULT_KERNEL_CACHE, KERNEL_CACHE_ENV, heap_trimmer, resident_bytes
+from batchpilot.runtime.heap import KERNEL_CACHE_ENV, ONEDNN_KERNEL_CACHE, heap_trimmer, resident_bytes
 from test_connection_limits import metric
 from test_hardening_server import http_post, server_process
 
@@ -37,7 +37,7 @@ def test_the_trimmer_gives_back_freed_memory_that_small_survivors_pin() -> None:
     script = textwrap.dedent(
         """
         import ctypes, json
-        from batchpilot.runtime.heap import DEFAULT_KERNEL_CACHE, KERNEL_CACHE_ENV, heap_trimmer, resident_bytes
+        from batchpilot.runtime.heap import KERNEL_CACHE_ENV, ONEDNN_KERNEL_CACHE, heap_trimmer, resident_bytes
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc.restype = ctypes.c_void_p
         libc.free.argtypes = [ctypes.c_void_p]
@@ -69,7 +69,7 @@ def kernel_cache_misses(log: str) -> int:
 
 @pytest.mark.parametrize(
     ("given", "environment", "in_force"),
-    [(None, None, DEFAULT_KERNEL_CACHE), (None, "8", 8), (1, "8", 1)],
+    [(None, None, ONEDNN_KERNEL_CACHE), (None, "8", 8), (1, "8", 1)],
 )
 def test_the_kernel_cache_bound_is_what_onednn_keeps(given: int | None, environment: str | None, in_force: int) -> None:
     # Two GELU shapes in turn: a cache of one builds every call's kernel anew, a larger one builds each shape once.

@@ -11,7 +11,8 @@ from pathlib import Path
 def _serve(args: argparse.Namespace) -> int:
     from batchpilot.runtime.heap import cap_kernel_cache
 
-    cap_kernel_cache(args.kernel_cache)  # before torch builds a kernel
+    kernels = cap_kernel_cache(args.kernel_cache)  # before torch builds a kernel
+    logging.getLogger("batchpilot.server").info("oneDNN keeps at most %d built kernels", kernels)
 
     from batchpilot.runtime.protocol.limits import ConnectionLimits
     from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="the most oneDNN kernels (one per input shape) kept built (default: $ONEDNN_PRIMITIVE_CACHE_CAPACITY, "
-        "else 256; oneDNN's own default, 1,024, lets many shapes pin freed heap memory apart so RSS creeps)",
+        "else oneDNN's own 1,024); fewer bound the memory they pin, and evicted shapes are built again",
     )
     limits = serve.add_argument_group("connection limits (HTTP)")
     limits.add_argument(

@@ -22,11 +22,7 @@ from batchpilot.runtime.metrics import RuntimeMetrics
 log = logging.getLogger("batchpilot.heap")
 DEFAULT_INTERVAL_S = 10.0
 KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-# oneDNN keeps 1,024 built kernels by default, one per input shape; live, they pin the heap's freed buffers apart so
-# trims give back less as shapes accumulate (a 10-minute textcls soak: +136 MiB trimmed at 1,024, flat from minute 1
-# at 64). On the raw model a cache of 256 cost no measurable time (the soak's shapes: 27.0-27.9 s vs 26.5-29.0 s at
-# 1,024; 64 cost ~9%).
-DEFAULT_KERNEL_CACHE = 256
+ONEDNN_KERNEL_CACHE = 1024  # oneDNN's own bound on its built kernels (one per input shape), unless told otherwise
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -40,12 +36,13 @@ def resident_bytes() -> int:
 
 
 def cap_kernel_cache(capacity: int | None) -> int:
-    """Bound oneDNN's cache of built kernels for this process: `capacity`, else what the environment already says,
-    else DEFAULT_KERNEL_CACHE; returns the bound in force. oneDNN reads it when torch builds its first kernel, so
-    this must run before any model does."""
+    """Bound oneDNN's cache of built kernels for this process to `capacity` (None: what the environment says, else
+    oneDNN's own bound); returns the bound in force. oneDNN reads it when torch builds its first kernel, so this must
+    run before any model does. Not lowered by default: with the heap trimmed, a 10-minute textcls soak held RSS as
+    flat at oneDNN's 1,024 as at 256 (docs/bench/autotune.md, run W), and every evicted shape is built again."""
     if capacity is not None:
         os.environ[KERNEL_CACHE_ENV] = str(capacity)
-    return int(os.environ.setdefault(KERNEL_CACHE_ENV, str(DEFAULT_KERNEL_CACHE)))
+    return int(os.environ.get(KERNEL_CACHE_ENV, ONEDNN_KERNEL_CACHE))
 
 
 def heap_trimmer() -> Callable[[], int] | None:
