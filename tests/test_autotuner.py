@@ -426,7 +426,7 @@ def test_a_closed_loop_queued_past_its_batches_is_closed_whatever_its_lag() -> N
     """Live (peers benchmark, resnet-mini, one core, the clients stepped 1 -> 64): a plan at 4 clients picked 4 / 9
     ms; at 8 and 16 clients the epochs were read as open (their returns, stamped when the core came free, lagged the
     answers about as long as chance: 0.84 at 32 clients), the open-loop plan changed nothing, and 16 clients were
-    served 461 req/s at p99 49 ms where a fresh server's tuner held 32 clients at 860-910. A closed loop queued past
+    served 461 req/s at p99 49 ms where a fresh server's tuner held 32 clients at 817-913. A closed loop queued past
     its batches keeps all its clients in the server but those just answered; Poisson arrivals see the count swing,
     and a queue that only grows is no closed loop either."""
     for clients in (8, 16):

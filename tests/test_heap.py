@@ -90,6 +90,25 @@ def test_the_kernel_cache_bound_is_what_onednn_keeps(given: int | None, environm
     assert kernel_cache_misses(out) == (6 if in_force == 1 else 2)
 
 
+@pytest.mark.parametrize(("given", "environment"), [(-1, None), (None, "lots"), (None, "-5")])
+def test_a_bad_kernel_cache_bound_stops_serve_with_a_clear_error(
+    given: int | None,
+    environment: str | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batchpilot.cli import main
+
+    monkeypatch.delenv(KERNEL_CACHE_ENV, raising=False)
+    if environment is not None:
+        monkeypatch.setenv(KERNEL_CACHE_ENV, environment)
+    flag = [] if given is None else ["--kernel-cache", str(given)]
+    assert main(["serve", "--model-repository", str(tmp_path), *flag]) == 2
+    assert "kernel cache's bound" in capsys.readouterr().err
+    assert os.environ.get(KERNEL_CACHE_ENV) == environment  # nothing set on the way out
+
+
 def test_serve_bounds_the_kernel_cache_before_the_models_run(demo_repository: Path, tmp_path: Path) -> None:
     """The same request three times: with the default bound every kernel of the second and third is a cache hit;
     `--kernel-cache 1` builds them again on every call, so the flag reached oneDNN before the model ran."""

@@ -11,7 +11,11 @@ from pathlib import Path
 def _serve(args: argparse.Namespace) -> int:
     from batchpilot.runtime.heap import cap_kernel_cache
 
-    kernels = cap_kernel_cache(args.kernel_cache)  # before torch builds a kernel
+    try:
+        kernels = cap_kernel_cache(args.kernel_cache)  # before torch builds a kernel
+    except ValueError as exc:
+        print(f"batchpilot serve: {exc}", file=sys.stderr)
+        return 2
     logging.getLogger("batchpilot.server").info("oneDNN keeps at most %d built kernels", kernels)
 
     from batchpilot.runtime.protocol.limits import ConnectionLimits

@@ -99,8 +99,8 @@ def read_workload(m: Measurement) -> Workload:
     # Queued past one batch, a closed loop's arrivals find all its clients in the server but those of the batches
     # just answered, whereas Poisson arrivals see the count swing (unless the queue only grows). This tells what the
     # lag cannot on one core, where the clients' returns are stamped when the core comes free and lag the answers
-    # about as long as chance (live: 8 and 16 clients under a limit of 4 were read as open and kept 4 / 9 ms, 461-494
-    # req/s, where a fresh server held 16 clients at 860).
+    # about as long as chance (live: 8 and 16 clients under a limit of 4 were read as open and kept 4 / 9 ms, 494 and
+    # 461 req/s, where a fresh server's tuner held 32 clients at 817-913).
     steady = (
         queued
         and m.low_in_server is not None

@@ -40,9 +40,14 @@ def cap_kernel_cache(capacity: int | None) -> int:
     oneDNN's own bound); returns the bound in force. oneDNN reads it when torch builds its first kernel, so this must
     run before any model does. Not lowered by default: with the heap trimmed, a 10-minute textcls soak held RSS as
     flat at oneDNN's 1,024 as at 256 (docs/bench/autotune.md, run W), and every evicted shape is built again."""
+    raw = str(capacity) if capacity is not None else os.environ.get(KERNEL_CACHE_ENV, str(ONEDNN_KERNEL_CACHE))
+    if not raw.strip().isdigit():
+        raise ValueError(
+            f"the kernel cache's bound (--kernel-cache, ${KERNEL_CACHE_ENV}) must be 0 or more, not {raw!r}"
+        )
     if capacity is not None:
-        os.environ[KERNEL_CACHE_ENV] = str(capacity)
-    return int(os.environ.get(KERNEL_CACHE_ENV, ONEDNN_KERNEL_CACHE))
+        os.environ[KERNEL_CACHE_ENV] = raw
+    return int(raw)
 
 
 def heap_trimmer() -> Callable[[], int] | None:
