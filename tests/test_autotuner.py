@@ -436,12 +436,13 @@ def test_a_closed_loop_queued_past_its_batches_is_closed_whatever_its_lag() -> N
         assert m.low_in_server is not None and m.low_in_server >= clients - 4, clients
         assert read_workload(replace(m, lag_ratio=0.84)).closed, clients
         assert not read_workload(replace(m, lag_ratio=0.84, low_in_server=None)).closed  # the lag alone: open
-    live = Measurement(  # Poisson at 80% load under 32 / 8 ms (textcls, one core), read as closed by its largest batch
+    live = Measurement(  # Poisson at 80% load under 32 / 8 ms (textcls, one core): two epochs' readings, the second
         params=TuningParams(32, 0.008), duration_s=0.78, completed=680, items_per_s=874.0, arrival_rate=826.9,
         company_share=1.0, mean_s=0.024, mean_se=0.001, mean_wait_s=0.012, p99_s=0.0516, utilization=0.9,
         largest_batch=32, mean_batch=12.85, full_share=0.2, peak_in_server=30, low_in_server=9, lag_ratio=1.03,
     )  # fmt: skip
     assert not read_workload(live).closed
+    # (17-38 in the server, batches of 15.8 and up to 32) read as closed when a batch meant the largest
     assert not read_workload(replace(live, low_in_server=17, peak_in_server=38, mean_batch=15.83)).closed
     for rate, limit in ((2150, 32), (0.8 * 64 / CPU.mean(64), 64), (0.95 * 16 / CPU.mean(16), 16)):
         near = Autotuner(spec(50), TuningParams(limit, 0.0))

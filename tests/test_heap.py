@@ -37,7 +37,7 @@ def test_the_trimmer_gives_back_freed_memory_that_small_survivors_pin() -> None:
     script = textwrap.dedent(
         """
         import ctypes, json
-        from batchpilot.runtime.heap import KERNEL_CACHE_ENV, ONEDNN_KERNEL_CACHE, heap_trimmer, resident_bytes
+        from batchpilot.runtime.heap import heap_trimmer, resident_bytes
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc.restype = ctypes.c_void_p
         libc.free.argtypes = [ctypes.c_void_p]
