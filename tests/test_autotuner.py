@@ -1089,6 +1089,55 @@ def closed_reading(
     )  # fmt: skip
 
 
+def test_a_wider_limit_on_one_core_waits_a_batch_cycle_so_the_clients_groups_merge() -> None:
+    """16 clients filling batches of 8 come back in two groups a batch's cycle apart (8 items at 1,181 items/s: 6.8
+    ms). On one core the wider limit's probe takes the ladder's first delay of at least that cycle: live, 16 / 4.5 ms
+    kept the groups apart (batches of 8.35) where 16 / 8 ms merged them (16.0, 1,374 items/s). Not where the batches
+    did not fill the old limit (no groups of it), nor with several cores (not live-measured there)."""
+    here = TuningParams(8, 0.0045)
+    reading = closed_reading(here, rate=1181.0, mean_s=0.010, p99_s=0.0165, utilization=1.0, peak_in_server=16)
+    assert read_workload(reading).closed and read_workload(reading).clients == 16
+
+    def wider(m: Measurement, cores: int = 1) -> TuningParams | None:
+        tuner = Autotuner(spec(50), m.params, cores=cores)
+        for i, n in enumerate((1, 2, 4, 8) * 12):
+            tuner.record_batch(n, 0.8e-3 * n, 1.0 + i * 0.02)
+        tuner._inc_meas = m
+        move = tuner._next(2.0)
+        assert move is not None and move.detail.get("knob") == "wider", move
+        return move.params
+
+    assert wider(reading) == TuningParams(16, 0.008)
+    assert wider(reading, cores=0) == TuningParams(16, 0.0045)
+    assert wider(replace(reading, mean_batch=6.0)) == TuningParams(16, 0.0045)
+    assert wider(replace(reading, params=TuningParams(8, 0.010))) == TuningParams(16, 0.010)  # long enough already
+
+
+def test_a_closed_loop_on_one_core_declared_infeasible_keeps_the_delay_that_gathers_its_clients() -> None:
+    """64 clients cannot meet 50 ms at 1,214 items/s (Little's law: 53 ms a round trip). Declared infeasible, a closed
+    loop on one core whose batches leave short of its clients keeps its delay: live, twice, 64 / 10 ms -> 64 / 0 ms
+    served 21-22% fewer items/s at a longer tail (p99 52 -> 80 ms). A loop whose batches hold every client still
+    drops a delay that waits for no one, as does one with several cores (the simulator's, below)."""
+    here = TuningParams(64, 0.010)
+    reading = replace(
+        closed_reading(here, rate=1214.0, mean_s=0.050, p99_s=0.052, utilization=1.0, peak_in_server=64),
+        mean_batch=32.0, largest_batch=40, full_share=0.0,
+    )  # fmt: skip
+    assert read_workload(reading).closed and read_workload(reading).clients == 64
+
+    def declared(m: Measurement, cores: int = 1) -> Decision:
+        tuner = Autotuner(spec(50), here, cores=cores)
+        tuner._settled = True
+        return tuner._declare_infeasible(m, now=10.0)
+
+    held = declared(reading)
+    assert held.reason == "infeasible" and held.params == here and not held.changed
+    assert declared(reading, cores=0).params == TuningParams(64, 0.0)
+    few = replace(reading, mean_batch=8.0, largest_batch=8, peak_in_server=8, items_per_s=600.0, arrival_rate=600.0)
+    assert read_workload(few).clients == 8
+    assert declared(few).params == TuningParams(64, 0.0)
+
+
 class Knee(LinearLatency):
     """Dearer per item in small batches than in large ones (a CNN on a CPU core shared with its front-ends:
     resnet-mini read 1.36 ms per item over batches of 1-8 items and about 0.75 beyond)."""
