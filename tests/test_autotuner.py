@@ -568,9 +568,11 @@ def test_on_one_core_a_tuner_publishes_its_loop_and_plans_beside_the_others() ->
     handed it plans beside it (the plan simulates that loop), and no longer stretches its own work by the
     share of the core the neighbour takes (that share is in the simulation)."""
     a = Autotuner(spec(100), TuningParams(16, 0.0), cores=1, name="a")
-    assert a.neighbour() is None  # nothing calibrated yet
+    assert a.neighbour(0.0) is None  # nothing calibrated yet
     drive_one_core(1, background=0.4, tuner=a)
-    published = a.neighbour()
+    a.record_arrival(1, 100.0)  # its latest request, answered at once
+    a.record_batch(1, 1e-3, 100.001)
+    published = a.neighbour(100.5)
     assert published is not None and published.name == "a" and published.params == a.params
     assert published.frontend_s == pytest.approx(0.3e-3, rel=0.05) and published.clients >= 1
     assert 0.3 < published.core_share < 0.7
@@ -584,6 +586,21 @@ def test_on_one_core_a_tuner_publishes_its_loop_and_plans_beside_the_others() ->
     alone = Autotuner(spec(100), TuningParams(16, 0.0), cores=1, inline_plans=False)
     drive_one_core(1, background=0.4, tuner=alone)
     assert alone.plan_job is not None and alone.plan_job.frontend_s == pytest.approx(0.5e-3, rel=0.05)
+
+
+def test_an_idle_model_is_no_neighbour_until_its_requests_come_back() -> None:
+    """A model whose clients have gone takes none of the core: it stops publishing its last loop (else the other
+    models keep simulating it beside their own), and publishes it again once a request is in the server."""
+    a = Autotuner(spec(100), TuningParams(16, 0.0), cores=1, name="a")
+    drive_one_core(1, tuner=a)
+    a.record_arrival(1, 100.0)
+    a.record_batch(1, 1e-3, 100.001)
+    assert a.neighbour(100.9) is not None
+    assert a.neighbour(101.1) is None  # nothing in the server, nothing arrived for over IDLE_AFTER_S
+    a.record_arrival(1, 130.0)
+    assert a.neighbour(131.5) is not None  # still in the server: its loop runs
+    a.record_batch(1, 1e-3, 131.5)
+    assert a.neighbour(131.6) is None
 
 
 def test_while_another_model_tries_a_setting_this_one_holds_its_own() -> None:
