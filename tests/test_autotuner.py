@@ -603,6 +603,23 @@ def test_an_idle_model_is_no_neighbour_until_its_requests_come_back() -> None:
     assert a.neighbour(131.6) is None
 
 
+def test_an_idle_models_trial_holds_no_one_back() -> None:
+    """A trial left in force when the load went away is not announced as one (it would hold the other models'
+    searches until this model's clients came back); it is again once requests come."""
+    tuner = Autotuner(spec(50), COLD)
+    sim = BatcherSim(CPU, ClosedLoop(32, think_s=0.001), COLD, seed=1, tuner=tuner)
+    while not tuner.trying(sim.now):
+        assert sim.now < 30.0, "no trial in 30 s"
+        sim.run_until(sim.now + 0.05)
+    trial = tuner.params
+    sim.load = ClosedLoop(0)
+    sim.run_until(sim.now + 3.0)
+    assert tuner.params == trial and not tuner.trying(sim.now)  # still in force, no longer announced
+    sim.load = ClosedLoop(32, think_s=0.001)
+    sim.run_until(sim.now + 0.01)
+    assert tuner.params == trial and tuner.trying(sim.now)
+
+
 def test_while_another_model_tries_a_setting_this_one_holds_its_own() -> None:
     """One trial at a time on a shared core: with a neighbour's trial in force the tuner starts no probe or
     plan of its own; once it is over, the search goes on."""

@@ -263,10 +263,15 @@ class Autotuner:
         self._neighbours = tuple(neighbours)
         self._others_trying = others_trying
 
-    @property
-    def trying(self) -> bool:
-        """A setting not yet confirmed is in force (a planned trial or a probe)."""
-        return self._params != self._incumbent
+    def trying(self, now: float) -> bool:
+        """A setting not yet confirmed is in force (a planned trial or a probe) while requests come. An idle
+        model's trial moves no one's figures, and it would hold the others' searches until its load came back
+        (live: a trial started as 64 clients left kept the next model's tuner from any search for its 84-s run)."""
+        return self._params != self._incumbent and not self.idle(now)
+
+    def idle(self, now: float) -> bool:
+        """Nothing in the server and nothing arrived for `IDLE_AFTER_S`: the model takes none of the core."""
+        return self._in_server == 0 and now - self._last_arrival_at > IDLE_AFTER_S
 
     def neighbour(self, now: float) -> Neighbour | None:
         """This model as the others on its core should plan beside it: a closed loop, once a one-core plan has
@@ -275,7 +280,7 @@ class Autotuner:
         model's 1-8 clients, whose plans came back 5-12 s late and predicted 107 items/s for their pick where the
         setting in force served 670."""
         base = self._calibrated
-        if base is None or (self._in_server == 0 and now - self._last_arrival_at > IDLE_AFTER_S):
+        if base is None or self.idle(now):
             return None
         m = self._inc_meas if self._inc_meas is not None and self._inc_meas.params == self._params else None
         return replace(

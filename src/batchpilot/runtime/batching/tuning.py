@@ -126,7 +126,7 @@ class AutoTuner(StaticTuner):
         name = self.spec.name
         self.autotuner.set_neighbours(self.board.others(name, now), others_trying=self.board.others_trying(name, now))
         decision = self.autotuner.step(now)
-        self.board.publish(name, self.autotuner.neighbour(now), now, trying=self.autotuner.trying)
+        self.board.publish(name, self.autotuner.neighbour(now), now, trying=self.autotuner.trying(now))
         self._hand_out_plan(now)
         if decision is not None:
             old, self.params = self.params, decision.params
