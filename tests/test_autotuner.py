@@ -1147,6 +1147,33 @@ def test_a_wider_limit_on_one_core_waits_a_batch_cycle_so_the_clients_groups_mer
     assert wider(replace(reading, params=TuningParams(8, 0.010))) == TuningParams(16, 0.010)  # long enough already
 
 
+def test_a_limit_narrowed_to_the_clients_on_one_core_waits_a_batch_cycle_so_they_stay_one_batch() -> None:
+    """8 clients under 16 / 2 ms form batches of all 8 (8 items at 861 items/s: a 9.3-ms cycle), each waiting out the
+    delay for no one more. The size probe narrows the limit to them, and on one core takes the ladder's first delay of
+    at least that cycle: live, 8 / 2 ms split them into batches of 4 (685 items/s) where 8 / 5 ms served 1,002-1,070.
+    Not with several cores, nor where the batches did not hold every client."""
+    here = TuningParams(16, 0.002)
+    reading = replace(
+        closed_reading(here, rate=861.0, mean_s=0.0093, p99_s=0.0136, utilization=1.0, peak_in_server=8),
+        mean_batch=8.0, largest_batch=8, full_share=0.0,
+    )  # fmt: skip
+    assert read_workload(reading).closed and read_workload(reading).clients == 8
+
+    def probed(m: Measurement, cores: int = 1) -> TuningParams:
+        tuner = Autotuner(spec(50), m.params, cores=cores)
+        for i in range(48):
+            tuner.record_batch(8, 7e-3, 1.0 + i * 0.01)
+        tuner._inc_meas = m
+        move = tuner._next(2.0)
+        assert move is not None and move.reason == "probe" and move.detail.get("knob") == "size", move
+        return move.params
+
+    assert probed(reading) == TuningParams(8, 0.010)
+    assert probed(reading, cores=0) == TuningParams(8, 0.002)
+    split = replace(reading, mean_batch=5.0, largest_batch=8)  # groups already apart: the delay stays
+    assert probed(split) == TuningParams(8, 0.002)
+
+
 def test_a_closed_loop_on_one_core_declared_infeasible_keeps_the_delay_that_gathers_its_clients() -> None:
     """64 clients cannot meet 50 ms at 1,214 items/s (Little's law: 53 ms a round trip). Declared infeasible, a closed
     loop on one core whose batches leave short of its clients keeps its delay: live, twice, 64 / 10 ms -> 64 / 0 ms
