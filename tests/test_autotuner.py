@@ -1123,6 +1123,16 @@ def closed_reading(
     )  # fmt: skip
 
 
+def short_reading(
+    params: TuningParams, *, rate: float, mean_s: float, p99_s: float, clients: int, mean_batch: float, largest: int
+) -> Measurement:
+    """A saturated closed loop of `clients` whose batches (`mean_batch` on average) do not fill the limit."""
+    m = closed_reading(params, rate=rate, mean_s=mean_s, p99_s=p99_s, utilization=1.0, peak_in_server=clients)
+    m = replace(m, mean_batch=mean_batch, largest_batch=largest, full_share=0.0)
+    assert read_workload(m).closed and read_workload(m).clients == clients
+    return m
+
+
 def test_a_wider_limit_on_one_core_waits_a_batch_cycle_so_the_clients_groups_merge() -> None:
     """16 clients filling batches of 8 come back in two groups a batch's cycle apart (8 items at 1,181 items/s: 6.8
     ms). On one core the wider limit's probe takes the ladder's first delay of at least that cycle: live, 16 / 4.5 ms
@@ -1153,11 +1163,7 @@ def test_a_limit_narrowed_to_the_clients_on_one_core_waits_a_batch_cycle_so_they
     at least that cycle: live, 8 / 2 ms split them into batches of 4 (685 items/s) where 8 / 5 ms served 1,002-1,070.
     Not with several cores, nor where the batches did not hold every client."""
     here = TuningParams(16, 0.002)
-    reading = replace(
-        closed_reading(here, rate=861.0, mean_s=0.0093, p99_s=0.0136, utilization=1.0, peak_in_server=8),
-        mean_batch=8.0, largest_batch=8, full_share=0.0,
-    )  # fmt: skip
-    assert read_workload(reading).closed and read_workload(reading).clients == 8
+    reading = short_reading(here, rate=861.0, mean_s=0.0093, p99_s=0.0136, clients=8, mean_batch=8.0, largest=8)
 
     def probed(m: Measurement, cores: int = 1) -> TuningParams:
         tuner = Autotuner(spec(50), m.params, cores=cores)
@@ -1180,11 +1186,7 @@ def test_a_closed_loop_on_one_core_declared_infeasible_keeps_the_delay_that_gath
     served 21-22% fewer items/s at a longer tail (p99 52 -> 80 ms). A loop whose batches hold every client still
     drops a delay that waits for no one, as does one with several cores (the simulator's, below)."""
     here = TuningParams(64, 0.010)
-    reading = replace(
-        closed_reading(here, rate=1214.0, mean_s=0.050, p99_s=0.052, utilization=1.0, peak_in_server=64),
-        mean_batch=32.0, largest_batch=40, full_share=0.0,
-    )  # fmt: skip
-    assert read_workload(reading).closed and read_workload(reading).clients == 64
+    reading = short_reading(here, rate=1214.0, mean_s=0.050, p99_s=0.052, clients=64, mean_batch=32.0, largest=40)
 
     def declared(m: Measurement, cores: int = 1) -> Decision:
         tuner = Autotuner(spec(50), here, cores=cores)
