@@ -1157,6 +1157,32 @@ def test_a_wider_limit_on_one_core_waits_a_batch_cycle_so_the_clients_groups_mer
     assert wider(replace(reading, params=TuningParams(8, 0.010))) == TuningParams(16, 0.010)  # long enough already
 
 
+def test_no_wider_limit_for_groups_that_cannot_merge_within_the_delay_bound() -> None:
+    """64 clients in two groups of 32 (textcls live: 32 / 2 ms, 1,779 items/s, an 18-ms cycle): while one group's batch
+    runs the other fills the next one alone, and the group in the core comes back after a longer wait than the 10-ms
+    bound allows. The wider probe to 64 / 10 ms kept batches of 32.0 and broke the SLO; it is no longer taken, in a
+    search or at a break. Still taken where the queue holds more than a batch (64 clients in groups of 16), where the
+    cycle fits within the bound, and with several cores."""
+    here = TuningParams(32, 0.002)
+    reading = closed_reading(here, rate=1779.0, mean_s=0.034, p99_s=0.039, utilization=0.84, peak_in_server=64)
+    assert read_workload(reading).closed and read_workload(reading).clients == 64
+
+    def wider(m: Measurement, cores: int = 1) -> TuningParams | None:
+        tuner = Autotuner(spec(50), m.params, cores=cores)
+        for i, n in enumerate((4, 8, 16, m.params.max_batch_size) * 12):
+            tuner.record_batch(n, 0.45e-3 * n + 0.5e-3, 1.0 + i * 0.02)
+        tuner._inc_meas = m
+        return tuner._wider(m, read_workload(m), 2.0)
+
+    assert wider(reading) is None
+    assert wider(reading, cores=0) == TuningParams(64, 0.002)
+    sixteen = TuningParams(16, 0.002)
+    fours = closed_reading(sixteen, rate=1100.0, mean_s=0.05, p99_s=0.045, utilization=1.0, peak_in_server=64)
+    assert wider(fours) == TuningParams(64, 0.010)  # 48 queued behind a batch of 16: wider batches form at once
+    quick = replace(reading, items_per_s=3600.0, arrival_rate=3600.0)  # a 9-ms cycle: a 10-ms delay merges them
+    assert wider(quick) == TuningParams(64, 0.010)
+
+
 def test_a_limit_narrowed_to_the_clients_on_one_core_waits_a_batch_cycle_so_they_stay_one_batch() -> None:
     """8 clients under 16 / 2 ms form batches of all 8 (8 items at 861 items/s: a 9.3-ms cycle), each waiting out the
     delay for no one more. The size probe narrows the limit to them, and on one core takes the ladder's first delay of
