@@ -1161,7 +1161,8 @@ def test_no_wider_limit_for_groups_that_cannot_merge_within_the_delay_bound() ->
     """64 clients in two groups of 32 (textcls live: 32 / 2 ms, 1,779 items/s, an 18-ms cycle): while one group's batch
     runs the other fills the next one alone, and the group in the core comes back after a longer wait than the 10-ms
     bound allows. The wider probe to 64 / 10 ms kept batches of 32.0 and broke the SLO; it is no longer taken, in a
-    search or at a break. Still taken where the queue holds more than a batch (64 clients in groups of 16), where the
+    search or at a break, nor is the limit doubled by a backoff (live, resnet-mini: 32 / 10 -> 64 / 10 ms at a break,
+    batches of 32.0). Still taken where the queue holds more than a batch (64 clients in groups of 16), where the
     cycle fits within the bound, and with several cores."""
     here = TuningParams(32, 0.002)
     reading = closed_reading(here, rate=1779.0, mean_s=0.034, p99_s=0.039, utilization=0.84, peak_in_server=64)
@@ -1181,6 +1182,13 @@ def test_no_wider_limit_for_groups_that_cannot_merge_within_the_delay_bound() ->
     assert wider(fours) == TuningParams(64, 0.010)  # 48 queued behind a batch of 16: wider batches form at once
     quick = replace(reading, items_per_s=3600.0, arrival_rate=3600.0)  # a 9-ms cycle: a 10-ms delay merges them
     assert wider(quick) == TuningParams(64, 0.010)
+
+    def backed_off(m: Measurement) -> TuningParams | None:
+        tuner = Autotuner(spec(50), m.params, cores=1)
+        return tuner._backoff(replace(m, p99_s=0.052))
+
+    assert backed_off(reading) is None
+    assert backed_off(fours) == TuningParams(32, 0.002)
 
 
 def test_a_limit_narrowed_to_the_clients_on_one_core_waits_a_batch_cycle_so_they_stay_one_batch() -> None:

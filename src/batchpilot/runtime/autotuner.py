@@ -618,11 +618,11 @@ class Autotuner:
 
     def _fuller(self, m: Measurement, w: Workload) -> TuningParams | None:
         """The backoff of a closed loop: the next longer delay while batches leave short of the clients (or the
-        limit), else a doubled limit while full batches leave clients waiting."""
+        limit), else a doubled limit while full batches leave clients waiting (unless their groups stay `_apart`)."""
         p = self._params
         if self._short(p, m, w):
             return self._longer(p, at_least=self._fill_time(p, m, w))
-        if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size:
+        if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size and not self._apart(m, w):
             return self._resized(p, 1)
         return None
 
