@@ -1162,13 +1162,14 @@ def test_no_wider_limit_for_groups_that_cannot_merge_within_the_delay_bound() ->
     front-ends' 32 x 0.096 ms): while one group's batch runs the other fills the next one alone, and the group in the
     core comes back after a longer wait than the 10-ms bound allows. The wider probe to 64 / 10 ms kept batches of 32.0
     and broke the SLO; it is no longer taken, in a search or at a break, nor is the limit doubled by a backoff (live,
-    resnet-mini: 32 / 10 -> 64 / 10 ms at a break, batches of 32.0). Still taken where the queue holds more than a batch
-    (64 clients in groups of 16), where the cycle less the front-ends' time fits within the bound (live, resnet-mini's
-    32 clients in groups of 16: a 13-ms cycle, 9 ms less the front-ends', merged under 32 / 10 ms), and with several
-    cores."""
+    resnet-mini: 32 / 10 -> 64 / 10 ms at a break, batches of 32.0), even where the population reads high (live: 73
+    for 64 clients that reconnected, and the backoff doubled 32 / 0 -> 64 / 10 ms). Still taken where the queue holds
+    more than a batch (64 clients in groups of 16), where the cycle less the front-ends' time fits within the bound
+    (live, resnet-mini's 32 clients in groups of 16: a 13-ms cycle, 9 ms less the front-ends', merged under 32 / 10
+    ms), and with several cores."""
     here = TuningParams(32, 0.002)
     reading = closed_reading(here, rate=1779.0, mean_s=0.034, p99_s=0.039, utilization=0.84, peak_in_server=64)
-    reading = replace(reading, frontend_cpu_s=0.096e-3)
+    reading = replace(reading, frontend_cpu_s=0.096e-3, low_in_server=33)
     assert read_workload(reading).closed and read_workload(reading).clients == 64
 
     def wider(m: Measurement, cores: int = 1) -> TuningParams | None:
@@ -1179,10 +1180,13 @@ def test_no_wider_limit_for_groups_that_cannot_merge_within_the_delay_bound() ->
         return tuner._wider(m, read_workload(m), 2.0)
 
     assert wider(reading) is None
+    assert wider(replace(reading, low_in_server=None)) is None  # (the population read instead: 64, two batches)
+    assert wider(replace(reading, peak_in_server=73)) is None  # live: 73 read for 64 clients that reconnected
     assert wider(reading, cores=0) == TuningParams(64, 0.002)
     sixteen = TuningParams(16, 0.002)
     fours = closed_reading(sixteen, rate=1100.0, mean_s=0.05, p99_s=0.045, utilization=1.0, peak_in_server=64)
-    assert wider(fours) == TuningParams(64, 0.010)  # 48 queued behind a batch of 16: wider batches form at once
+    assert wider(replace(fours, low_in_server=49)) == TuningParams(64, 0.010)  # 48 behind a batch of 16 fill more
+    assert wider(fours) == TuningParams(64, 0.010)
     pairs = closed_reading(
         TuningParams(16, 0.008), rate=1231.0, mean_s=0.02, p99_s=0.028, utilization=1.0, peak_in_server=32
     )
