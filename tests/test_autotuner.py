@@ -1469,6 +1469,36 @@ def test_a_closed_loop_on_one_core_is_never_planned_below_the_batches_it_forms()
     assert taken is not None and taken.reason == "slo-violation" and taken.params == single
 
 
+def test_a_closed_loop_whose_batches_hold_every_client_keeps_a_delay_that_merges_them_again() -> None:
+    """16 clients on one core fill batches of 16 under 16 / 7.5 ms (textcls live: 1,385 items/s, 0.14 ms of front-end
+    CPU per item). A plan predicting 8% more at 16 / 3 ms is not taken there: should the batch split in two, its halves
+    come back 4.7 ms apart (half a cycle, 5.8 ms, less 8 x 0.14 ms), and 3 ms keeps them apart (live: batches of 8.03,
+    1,062 items/s, for 6.4 s). 16 / 6 ms is taken, as 16 / 3 ms is with several cores, with batches short of the
+    clients, or under another limit."""
+    here = TuningParams(16, 0.0075)
+    reading = closed_reading(here, rate=1385.0, mean_s=0.0115, p99_s=0.013, utilization=0.9, peak_in_server=16)
+    reading = replace(reading, frontend_cpu_s=0.14e-3)
+    fit = LatencyFit(0.45e-3, 0.6e-3)
+
+    def answer(to: TuningParams, m: Measurement = reading, cores: int = 1) -> Decision | None:
+        preds = (
+            CandidatePrediction(here, 1385.0, 0.013, 0.0115, 16.0, 0.9, True),
+            CandidatePrediction(to, 1500.0, 0.011, 0.0107, 16.0, 0.9, True),
+        )
+        job = PlanJob("closed", fit, (here, to), 0.045, 0.0, 2000, clients=16, think_s=0.0)
+        tuner = Autotuner(spec(50), here, cores=cores)
+        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        return tuner._after_plan(out, Solved(Plan(preds[1], True, 0.045, preds), 0.0), now=10.0)
+
+    short = TuningParams(16, 0.003)
+    kept = answer(short)
+    assert kept is None or kept.params == here, kept
+    for taken in (answer(TuningParams(16, 0.006)), answer(short, cores=0), answer(TuningParams(32, 0.003))):
+        assert taken is not None and taken.reason == "plan", taken
+    split = replace(reading, mean_batch=10.0, full_share=0.0)  # already apart: the short delay's own trial decides
+    assert (moved := answer(short, split)) is not None and moved.params == short
+
+
 def test_a_closed_loops_predicted_tail_is_never_below_its_round_trip_in_the_server() -> None:
     """Little's law: 64 closed-loop clients served 1,400 items/s spend 46 ms per round trip in the server (no think
     time), so no setting serving them at that pace has a p99 under it. A plan predicting 2.3 ms for 8 / 0 ms (live, a
