@@ -1474,7 +1474,7 @@ def test_a_closed_loop_whose_batches_hold_every_client_keeps_a_delay_that_merges
     CPU per item). A plan predicting 8% more at 16 / 3 ms is not taken there: should the batch split in two, its halves
     come back 4.7 ms apart (half a cycle, 5.8 ms, less 8 x 0.14 ms), and 3 ms keeps them apart (live: batches of 8.03,
     1,062 items/s, for 6.4 s). 16 / 6 ms is taken, as 16 / 3 ms is with several cores, with batches short of the
-    clients, or under another limit."""
+    clients, under another limit, or for 8 clients (their batches wait out the delay under a limit of 16)."""
     here = TuningParams(16, 0.0075)
     reading = closed_reading(here, rate=1385.0, mean_s=0.0115, p99_s=0.013, utilization=0.9, peak_in_server=16)
     reading = replace(reading, frontend_cpu_s=0.14e-3)
@@ -1497,6 +1497,9 @@ def test_a_closed_loop_whose_batches_hold_every_client_keeps_a_delay_that_merges
         assert taken is not None and taken.reason == "plan", taken
     split = replace(reading, mean_batch=10.0, full_share=0.0)  # already apart: the short delay's own trial decides
     assert (moved := answer(short, split)) is not None and moved.params == short
+    eight = replace(reading, mean_batch=8.0, largest_batch=8, full_share=0.0, peak_in_server=8)  # 16 / 7.5 ms waits
+    eight = replace(eight, items_per_s=900.0, arrival_rate=900.0)
+    assert (moved := answer(short, eight)) is not None and moved.params == short
 
 
 def test_a_closed_loops_predicted_tail_is_never_below_its_round_trip_in_the_server() -> None:

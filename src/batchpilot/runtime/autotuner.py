@@ -746,7 +746,8 @@ class Autotuner:
         return self._gathers(m, w) and behind <= m.mean_batch / FULL and back > self._ladder[-1]
 
     def _splits(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
-        """Would `p` keep the limit of a closed loop on one core whose batches hold every client, with a delay too short
+        """Would `p` keep the limit of a closed loop on one core whose batches hold every client (and fill the limit:
+        they leave as the last is back), with a delay too short
         to merge them again once they split? Whole, a batch leaves when its last client is back, whatever the delay;
         split in two (one client late once), the halves come back half a cycle apart (less the front-ends' time to bring
         one), and a shorter delay keeps them apart. Live, textcls at 16 clients: plans from 16 / 7.5-8 ms to 16 / 2-3 ms
@@ -754,8 +755,10 @@ class Autotuner:
         for 2-6 s of a 10-s level each. Never asks for a delay longer than the incumbent's."""
         if p.max_batch_size != self._incumbent.max_batch_size or not self._gathers(m, w):
             return False
-        if m.mean_batch < FULL * w.clients:
-            return False  # groups of a wider population: `_apart`'s and `_merging`'s concern
+        if m.mean_batch < FULL * max(w.clients, p.max_batch_size):
+            # Groups of a wider population are `_apart`'s and `_merging`'s concern; batches under a higher limit wait
+            # out the delay every time, and a shorter one is what they need.
+            return False
         half = m.mean_batch / 2
         back = half / max(m.items_per_s, 1e-9) - half * (m.frontend_cpu_s or 0.0)
         return p.max_queue_delay_s < min(back, self._incumbent.max_queue_delay_s)
