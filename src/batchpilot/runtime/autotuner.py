@@ -739,28 +739,28 @@ class Autotuner:
         kept batches of 32.0 and broke the SLO (p99 52 ms where 32 / 2 ms read 39); resnet-mini 32 / 10 -> 64 / 10 ms,
         batches of 32.0, served 1,054 items/s where 32 / 10 ms served 1,178. 32 clients in groups of 16 (cycles of
         9-13.5 ms, 8.4-9.3 ms less the front-ends') merged under 32 / 10 ms, five times in three runs."""
-        back = self._cycle(m) - m.mean_batch * (m.frontend_cpu_s or 0.0)
+        if not self._gathers(m, w):
+            return False
         # Those queued behind a batch: the fewest others in the server at an arrival. (The population, read at the
         # 98th percentile, can read high: clients that reconnect leave requests behind, live 73 for 64 clients.)
         behind = w.clients - m.mean_batch if m.low_in_server is None else m.low_in_server - 1
-        return self._gathers(m, w) and behind <= m.mean_batch / FULL and back > self._ladder[-1]
+        return behind <= m.mean_batch / FULL and self._back_after(m, m.mean_batch) > self._ladder[-1]
 
     def _splits(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
         """Would `p` keep the limit of a closed loop on one core whose batches hold every client (and fill the limit:
-        they leave as the last is back), with a delay too short
-        to merge them again once they split? Whole, a batch leaves when its last client is back, whatever the delay;
-        split in two (one client late once), the halves come back half a cycle apart (less the front-ends' time to bring
-        one), and a shorter delay keeps them apart. Live, textcls at 16 clients: plans from 16 / 7.5-8 ms to 16 / 2-3 ms
-        split the batches to 8.0-10.3 in three runs of six (1,062-1,333 items/s where 16 / 7.5-8 ms served 1,385-1,665),
-        for 2-6 s of a 10-s level each. Never asks for a delay longer than the incumbent's."""
+        they leave as the last is back), with a delay too short to merge them again once they split? Whole, a batch
+        leaves when its last client is back, whatever the delay; split in two (one client late once), the halves come
+        back half a cycle apart (less the front-ends' time to bring one), and a shorter delay keeps them apart. Live,
+        textcls at 16 clients: plans from 16 / 7.5-8 ms to 16 / 2-3 ms split the batches to 8.0-10.3 in three runs of
+        six (1,062-1,333 items/s where 16 / 7.5-8 ms served 1,385-1,665), for 2-6 s of a 10-s level each. Never asks
+        for a delay longer than the incumbent's."""
         if p.max_batch_size != self._incumbent.max_batch_size or not self._gathers(m, w):
             return False
         if m.mean_batch < FULL * max(w.clients, p.max_batch_size):
             # Groups of a wider population are `_apart`'s and `_merging`'s concern; batches under a higher limit wait
             # out the delay every time, and a shorter one is what they need.
             return False
-        half = m.mean_batch / 2
-        back = half / max(m.items_per_s, 1e-9) - half * (m.frontend_cpu_s or 0.0)
+        back = self._back_after(m, m.mean_batch / 2)
         return p.max_queue_delay_s < min(back, self._incumbent.max_queue_delay_s)
 
     def _gathers(self, m: Measurement, w: Workload) -> bool:
@@ -772,6 +772,12 @@ class Autotuner:
     def _cycle(m: Measurement) -> float:
         """A batch's cycle: its items over the items/s."""
         return m.mean_batch / max(m.items_per_s, 1e-9)
+
+    @staticmethod
+    def _back_after(m: Measurement, items: float) -> float:
+        """How long after leaving a group of `items` clients is back in the queue, on one core: a group's share of the
+        cycle (its items over the items/s), less the front-ends' time to bring its requests in one after the other."""
+        return items / max(m.items_per_s, 1e-9) - items * (m.frontend_cpu_s or 0.0)
 
     def _merging(self, p: TuningParams, m: Measurement, w: Workload) -> TuningParams:
         """`p`, a wider limit for a closed loop (or one narrowed to its clients), with a delay that lets its clients'
