@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchpilot.runtime.autotune_model import (
+    Epoch,
     LatencyFit,
     Measurement,
     TuningParams,
@@ -99,6 +100,21 @@ def test_fit_recovers_the_latency_model_and_is_pessimistic_on_one_size() -> None
     one = fit_batch_latency(np.full(8, 16.0), np.full(8, 0.008))
     assert one is not None and one.one_size and one(32) == pytest.approx(0.016)  # no batching gain assumed
     assert fit_batch_latency(sizes[:2], sizes[:2]) is None
+
+
+def test_the_slo_holds_from_the_front_ends_read_and_the_queue_model_counts_from_the_queue() -> None:
+    """A request's time between the front-end's read and the queue (decoding, waiting behind others for the
+    front-end) is in the p99 the SLO is judged on, and in `/batching`'s p99; Little's law reads the queue's."""
+    tuner = Autotuner(spec(50.0), COLD)
+    epoch = Epoch(COLD, start=0.0, settled_at=0.0, slo_s=0.050)
+    for i in range(200):
+        now = 0.1 + 0.005 * i
+        tuner.record_request(0.010, 0.004, now, front_s=0.045)
+        epoch.add_request(0.010, 0.004, now, front_s=0.045)
+    m = epoch.measure(1.1)
+    assert m.mean_s == pytest.approx(0.010) and m.mean_wait_s == pytest.approx(0.004)
+    assert m.p99_s == pytest.approx(0.055) and epoch.violating(0, 1.1)
+    assert tuner.snapshot(1.1)["p99_ms"] == pytest.approx(55.0)
 
 
 def test_delay_ladder_stays_in_bounds() -> None:

@@ -393,3 +393,17 @@ def test_the_fast_lane_is_on_only_with_a_frontend() -> None:
     assert issubclass(config.http, FastLaneProtocol) and config.http.frontend is frontend
     configure(config, ConnectionLimits(), timed_out, refused)
     assert issubclass(config.http, FastLaneProtocol) and config.http.frontend is None
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast lane", "asgi"])
+async def test_a_requests_latency_in_the_server_counts_from_the_front_ends_read(
+    entries: list[ModelEntry], fast: bool
+) -> None:
+    """What happens between the front-end's read of a request and its queue (decoding, waiting behind other
+    requests for the front-end; here a 0.3-s pause) is the request's latency in the server, not its queue's."""
+    async with serving(entries, fast=fast, delay_s=0.3) as served:
+        (reply,), _ = await exchange(served.port, CASES["v2 JSON"][0])
+        assert status(reply) == 200
+        latency = served.metrics.latency.labels(model="textcls")._sum.get()
+        queued = served.metrics.queue_wait.labels(model="textcls")._sum.get()
+    assert 0.3 <= latency < 10 and queued < 0.3

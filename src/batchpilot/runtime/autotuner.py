@@ -240,10 +240,12 @@ class Autotuner:
         self._last_batch_at = now
         self._items.append((now, size))
 
-    def record_request(self, latency_s: float, queue_wait_s: float, now: float) -> None:
-        """A request was answered `latency_s` after it arrived (`queue_wait_s` of it queued)."""
-        self._epoch_at(now).add_request(latency_s, queue_wait_s, now)
-        self._answers.append((now, latency_s))
+    def record_request(self, latency_s: float, queue_wait_s: float, now: float, *, front_s: float = 0.0) -> None:
+        """A request was answered `latency_s` after it arrived in the queue (`queue_wait_s` of it queued), which it
+        reached `front_s` after the front-end read it. The SLO holds the whole (its p99); the queue's models count
+        from the queue."""
+        self._epoch_at(now).add_request(latency_s, queue_wait_s, now, front_s=front_s)
+        self._answers.append((now, latency_s + front_s))
 
     def record_cpu(
         self, process_cpu_s: float, now: float, *, others_exec_s: float = 0.0, others_items: int = 0

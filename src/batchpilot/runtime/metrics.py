@@ -65,7 +65,7 @@ class RuntimeMetrics:
         )
         self.latency = Histogram(
             "batchpilot_request_latency_seconds",
-            "End-to-end latency of a request inside the server.",
+            "Latency of a request inside the server: from the front-end's read of it to its batch's end.",
             m,
             buckets=_LATENCY_BUCKETS,
             registry=registry,

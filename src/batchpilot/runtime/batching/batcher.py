@@ -25,7 +25,7 @@ from batchpilot.runtime.batching.device_turns import DeviceTurns
 from batchpilot.runtime.batching.executor import Executor
 from batchpilot.runtime.batching.observers import MetricsObserver, Observers, RecentObserver, StatsObserver
 from batchpilot.runtime.batching.queue import PolicyQueue
-from batchpilot.runtime.batching.request import Outputs, Pending, Slice
+from batchpilot.runtime.batching.request import RECEIVED, Outputs, Pending, Slice
 from batchpilot.runtime.batching.runner import BatchRunner
 from batchpilot.runtime.batching.tuning import make_tuner
 from batchpilot.runtime.batching.window import RecentWindow
@@ -138,6 +138,8 @@ class Batcher:
         queue, loop = self.queue, self.loop
         queue.check_room(self._seconds_per_request)
         first = next(iter(inputs.values()))
+        now = time.perf_counter()
+        received = RECEIVED.get()
         request = Pending(
             inputs=inputs,
             n=first.shape[0],
@@ -145,7 +147,8 @@ class Batcher:
             length=self.kind.request_length(inputs),
             level=queue.level(priority),
             arrival=loop.time(),
-            arrival_mono=time.perf_counter(),
+            arrival_mono=now,
+            received_mono=now if received is None else min(received, now),
             seq=next(self._seq),
             future=loop.create_future(),
         )

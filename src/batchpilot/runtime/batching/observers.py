@@ -36,8 +36,8 @@ class Finished(NamedTuple):
 
     request: Pending
     outcome: str
-    queued_s: float
-    total_s: float
+    queued_s: float  # in the batch queue
+    total_s: float  # from the front-end's read of the request (`Pending.received_mono`) to its batch's end
 
 
 class BatchObserver:

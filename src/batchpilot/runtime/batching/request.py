@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,6 +12,11 @@ import numpy as np
 from batchpilot.runtime.errors import RequestError
 
 Outputs = dict[str, np.ndarray]
+
+#: time.perf_counter() when the front-end read the request being handled (set by the front-end in the
+#: request's own task). The time from there to the queue (decoding, and waiting for the front-end behind other
+#: requests) is part of the request's latency in the server, which a busy single-core server makes large.
+RECEIVED: ContextVar[float | None] = ContextVar("batchpilot_received", default=None)
 
 
 @dataclass(eq=False, slots=True)
@@ -29,10 +35,16 @@ class Pending:
     taken: int = 0  # items handed to batches so far
     finished: int = 0  # items answered so far
     arrival_mono: float = 0.0  # time.perf_counter() at submission: measures latency finer than the loop clock
+    received_mono: float = 0.0  # time.perf_counter() when the front-end read it (`RECEIVED`; else arrival_mono)
     dispatched_mono: float | None = None  # time.perf_counter() when its first items left the queue
     parts: list[tuple[int, Outputs]] = field(default_factory=list)
     expired: bool = False
     timer: asyncio.TimerHandle | None = None
+
+    @property
+    def front_s(self) -> float:
+        """From the front-end's read to the queue: decoding, and waiting for the front-end behind others."""
+        return self.arrival_mono - self.received_mono
 
     @property
     def waiting(self) -> int:

@@ -122,4 +122,4 @@ class BatchRunner:
         if request.timer is not None:
             request.timer.cancel()
         queued = (request.dispatched_mono or end) - request.arrival_mono
-        return Finished(request, outcome, queued, end - request.arrival_mono)
+        return Finished(request, outcome, queued, end - request.received_mono)

@@ -102,13 +102,15 @@ class AutoTuner(StaticTuner):
         self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
     ) -> None:
         if outcome == "success":
-            self.autotuner.record_request(total_s, queued_s, self.clock())
+            front = request.front_s
+            self.autotuner.record_request(total_s - front, queued_s, self.clock(), front_s=front)
 
     def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
         at = self.clock()
         for f in done:
             if f.outcome == "success":
-                self.autotuner.record_request(f.total_s, f.queued_s, at)
+                front = f.request.front_s
+                self.autotuner.record_request(f.total_s - front, f.queued_s, at, front_s=front)
 
     def dropped(self, request: Pending, outcome: str) -> None:
         """An admitted request leaves without an answer: stop counting it as in flight."""

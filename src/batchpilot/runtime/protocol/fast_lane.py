@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import urllib.parse
 from typing import Any, ClassVar
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from batchpilot.runtime.batching.request import RECEIVED
 from batchpilot.runtime.protocol.rest import Handler, Headers, Response, RestFrontend
 
 log = logging.getLogger("batchpilot.fast_lane")
@@ -59,6 +61,7 @@ class FastRequest:
         "headers",
         "keep_alive",
         "path",
+        "received",
         "response_complete",
         "response_started",
         "size",
@@ -75,6 +78,7 @@ class FastRequest:
         self.keep_alive = keep_alive
         self.expect_100 = expect_100
         self.too_large = too_large
+        self.received = time.perf_counter()  # its head was read (its latency in the server counts from here)
         self.chunks: list[bytes] = []
         self.size = 0
         self.body_complete = False
@@ -282,6 +286,7 @@ class FastLaneProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
     async def _serve(self, request: FastRequest, body: bytes) -> None:
         frontend = self.frontend
         assert frontend is not None
+        RECEIVED.set(request.received)  # (in this task's own context)
         response = await frontend.respond(request.handler, "POST", request.path, request.headers, body)
         if self.flow.write_paused and not request.disconnected:
             await self.flow.drain()  # as uvicorn's send: a client that does not read gets no more

@@ -7,6 +7,7 @@ separate generic handler (see triton_grpc).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import grpc
@@ -14,6 +15,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.servicer import InferenceServicer
 
+from batchpilot.runtime.batching.request import RECEIVED
 from batchpilot.runtime.errors import RequestError
 from batchpilot.runtime.hub import ModelHub
 from batchpilot.runtime.protocol import grpc_codec
@@ -57,6 +59,7 @@ class BatchPilotServicer(InferenceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
+        RECEIVED.set(time.perf_counter())
         try:
             self.hub.get(request.model_name)
             decoded = grpc_codec.decode(request)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
+from batchpilot.runtime.batching.request import RECEIVED
 from batchpilot.runtime.errors import InternalError, PayloadTooLarge, RequestError, report_unhandled, request_id
 from batchpilot.runtime.hub import ModelHub
 from batchpilot.runtime.protocol import v1_codec, v2_codec
@@ -49,6 +51,7 @@ class RestFrontend:
         method, path, headers = scope["method"], scope["path"], scope["headers"]
         handler = self.inference_route(method, path)
         if handler is not None:
+            RECEIVED.set(time.perf_counter())
             try:
                 body = await self._body(receive)
             except Exception as exc:
