@@ -166,7 +166,7 @@ class AutoTuner(StaticTuner):
 
     @property
     def slo_feasible(self) -> bool:
-        return bool(self.autotuner.snapshot(self.clock()).get("slo_feasible", True))
+        return self.autotuner.feasible  # (read every step: not the whole snapshot, whose p99 sorts the window)
 
     def report(self) -> AutotuneState:
         snap = self.autotuner.snapshot(self.clock())
