@@ -620,8 +620,13 @@ def process_tree(root: int) -> set[int]:
 
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds (user + system) used so far by a server's whole process tree."""
+    return sum(process_cpu_seconds(root).values())
+
+
+def process_cpu_seconds(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) used so far by each process of a server's tree."""
     stats = _proc_stats()
-    return sum(stats[pid][2] for pid in process_tree(root) if pid in stats)
+    return {pid: stats[pid][2] for pid in process_tree(root) if pid in stats}
 
 
 @contextmanager

@@ -1588,3 +1588,39 @@ def test_a_plan_that_found_nothing_better_is_not_asked_again_for_the_same_closed
     assert not asks_a_plan(replace(reading, peak_in_server=62), 12.0)  # (the same clients, read a little lower)
     assert asks_a_plan(replace(reading, peak_in_server=48, low_in_server=17), 12.0)
     assert asks_a_plan(reading, 41.0)
+
+
+def test_a_break_waits_for_the_search_plan_being_solved_for_the_same_setting() -> None:
+    """The worker solves one plan at a time: a break's plan asked while a search's plan for the same setting is being
+    solved waits for it and then costs the core as much again (live, textcls at 64 clients: a break's plan 0.26 s
+    after the search's, answered 2.4-3.5 s later, both keeping the setting). The search's answer comes first; a
+    severe break does not wait. A population read once at 80 (clients that reconnect) does not make the 64-client
+    loop's kept plan forgotten."""
+    here = TuningParams(16, 0.008)
+    reading = closed_reading(here, rate=1540.0, mean_s=0.034, p99_s=0.055, utilization=0.84, peak_in_server=64)
+    reading = replace(reading, frontend_cpu_s=0.096e-3, low_in_server=49)
+    fit = LatencyFit(0.45e-3, 0.5e-3)
+
+    def searching() -> tuple[Autotuner, PlanJob]:
+        tuner = Autotuner(spec(50), here, cores=1, inline_plans=False)
+        for i, n in enumerate((4, 8, 16) * 12):
+            tuner.record_batch(n, fit(n), 11.0 + i * 0.02)
+        tuner._request_plan(fit, read_workload(reading), reading, 12.0, violation=False)
+        job = tuner.plan_job
+        assert job is not None
+        return tuner, job
+
+    tuner, job = searching()
+    tuner._on_violation(reading, 12.3)
+    assert tuner.plan_job is job
+    tuner, job = searching()
+    severe = tuner._on_violation(replace(reading, p99_s=0.150), 12.3)
+    assert severe is not None and severe.changed  # (here the wider limit: 48 behind a batch of 16 can merge)
+
+    tuner, job = searching()
+    kept = (CandidatePrediction(here, 1540.0, 0.044, 0.034, 16.0, 0.84, True),)
+    for clients, at in ((64, 10.0), (80, 11.0)):
+        m = replace(reading, peak_in_server=clients)
+        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        tuner._after_plan(out, Solved(Plan(kept[0], True, 0.045, kept), 0.0), now=at)
+    assert tuner._plan_fruitless(read_workload(reading), 12.5)
