@@ -109,12 +109,16 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
 
-def static_specs() -> str:
-    """BATCHPILOT_MODEL_SPECS for the demo models with the autotuner off (fixed parameters to compare)."""
+def static_specs(setting: tuple[int, float] | None = None) -> str:
+    """BATCHPILOT_MODEL_SPECS for the demo models with the autotuner off (fixed parameters to compare): each model's
+    own batching parameters, or `setting` (max batch size, max queue delay in ms) for every model."""
     specs = []
     for spec, _ in build_demo_modules().values():
         doc = spec.model_dump(mode="json", by_alias=True)
         doc["autotune"]["enabled"] = False
+        if setting is not None:
+            size, delay_ms = setting
+            doc["batching"].update(maxBatchSize=size, maxQueueDelayMicroseconds=round(delay_ms * 1000))
         specs.append(doc)
     return json.dumps(specs)
 

@@ -42,6 +42,7 @@ from common import (
     pinned,
     process_group,
     process_tree,
+    static_specs,
     table,
     tree_cpu_seconds,
     workloads,
@@ -218,14 +219,9 @@ def versions(python: Path, packages: list[str]) -> dict[str, str]:
 # -- servers --------------------------------------------------------------------------------------------------
 def batchpilot_specs(autotune: bool) -> str:
     """`BATCHPILOT_MODEL_SPECS`: static 16 / 3 ms with the autotuner off, or the demo specs with it on."""
-    specs = []
-    for spec, _ in build_demo_modules().values():
-        doc = spec.model_dump(mode="json", by_alias=True)
-        if not autotune:
-            doc["autotune"]["enabled"] = False
-            doc["batching"].update(maxBatchSize=MAX_BATCH, maxQueueDelayMicroseconds=int(MAX_WAIT_MS * 1000))
-        specs.append(doc)
-    return json.dumps(specs)
+    if not autotune:
+        return static_specs((MAX_BATCH, MAX_WAIT_MS))
+    return json.dumps([spec.model_dump(mode="json", by_alias=True) for spec, _ in build_demo_modules().values()])
 
 
 def batchpilot_command(repo: Path, port: int) -> list[str]:

@@ -23,10 +23,9 @@ import json
 import tempfile
 import urllib.request
 from pathlib import Path
-from typing import Any
 
-from common import bench_lock, process, process_cpu_seconds, workloads, wrk
-from peers_bench import batchpilot_command
+from common import bench_lock, process, process_cpu_seconds, static_specs, workloads, wrk
+from peers_bench import batchpilot_command, batchpilot_specs
 
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
@@ -35,15 +34,10 @@ from batchpilot.testing.processes import free_port
 
 def model_specs(setting: str) -> str:
     """BATCHPILOT_MODEL_SPECS for the demo models: `auto` (their autotuned specs) or `N/MS` (static, every model)."""
-    specs = []
-    for spec, _ in build_demo_modules().values():
-        doc: dict[str, Any] = spec.model_dump(mode="json", by_alias=True)
-        if setting != "auto":
-            size, delay_ms = setting.split("/")
-            doc["autotune"]["enabled"] = False
-            doc["batching"].update(maxBatchSize=int(size), maxQueueDelayMicroseconds=round(float(delay_ms) * 1000))
-        specs.append(doc)
-    return json.dumps(specs)
+    if setting == "auto":
+        return batchpilot_specs(autotune=True)
+    size, delay_ms = setting.split("/")
+    return static_specs((int(size), float(delay_ms)))
 
 
 def main() -> int:

@@ -452,7 +452,8 @@ class Autotuner:
         self._broke.add(self._incumbent)
         if (futile := self._futile(m, now)) is not None:
             return futile
-        if (wider := self._wider(m, read_workload(m), now)) is not None:
+        w = read_workload(m)
+        if (wider := self._wider(m, w, now)) is not None:
             # The plan cannot be trusted beyond its sizes (its extrapolation is what keeps the batches small): live,
             # a step from 2 to 32 clients climbed 2 -> 4 -> 8 -> 16 through breaks and re-measurements for 23 s.
             self._incumbent, self._inc_meas = wider, None
@@ -461,9 +462,9 @@ class Autotuner:
         fit = self._fit()
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and math.isfinite(m.p99_s):
             self._replanned = self._epoch
-            if self._plan_fruitless(read_workload(m), now):
+            if self._plan_fruitless(w, now):
                 return self._nothing_better(m, now)
-            return self._request_plan(fit, read_workload(m), m, now, violation=True)
+            return self._request_plan(fit, w, m, now, violation=True)
         return self._back_off(m, now)
 
     def _absorbed(self, m: Measurement, now: float) -> bool:
@@ -718,8 +719,13 @@ class Autotuner:
                 return self._move(probe, "probe:size", now, self._figures(m))
         if fit is not None and not fit.one_size and (wider := self._wider(m, w, now)) is not None:
             return self._move(wider, "probe:wider", now, self._figures(m))
-        planned = fit is not None and not fit.one_size and m.arrival_rate > 0 and self._trials < PLAN_TRIALS
-        if fit is not None and planned and not self._plan_fruitless(w, now):
+        if (
+            fit is not None
+            and not fit.one_size
+            and m.arrival_rate > 0
+            and self._trials < PLAN_TRIALS
+            and not self._plan_fruitless(w, now)
+        ):
             return self._request_plan(fit, w, m, now, violation=False)
         return self._fill_or_settle(m, w, now)
 
