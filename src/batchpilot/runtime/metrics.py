@@ -138,6 +138,17 @@ class RuntimeMetrics:
         self.heap_released = Counter(
             "batchpilot_heap_released_bytes", "RSS the heap trims gave back to the OS (bytes).", registry=registry
         )
+        self.gc_full_pause = Histogram(
+            "batchpilot_gc_full_pause_seconds",
+            "Python's full garbage collections: how long each stopped the server (seconds).",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.gc_frozen = Gauge(
+            "batchpilot_gc_frozen_objects",
+            "Objects built at startup and left out of the garbage collector's passes (gc.freeze).",
+            registry=registry,
+        )
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:

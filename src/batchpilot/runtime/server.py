@@ -24,6 +24,7 @@ from kserve.protocol.rest.server import RESTServer
 from batchpilot.runtime.batching.batcher import Batcher
 from batchpilot.runtime.batching.device_turns import DeviceTurns, available_cores
 from batchpilot.runtime.batching.executor import Executor
+from batchpilot.runtime.collector import FullCollectionTimer, freeze_startup_objects
 from batchpilot.runtime.gpu import export_gpu_metrics
 from batchpilot.runtime.heap import DEFAULT_INTERVAL_S as DEFAULT_TRIM_INTERVAL_S
 from batchpilot.runtime.heap import trim_heap_periodically
@@ -187,12 +188,22 @@ class BatchPilotServer(kserve.ModelServer):
         if self.options.heap_trim_interval_s > 0:
             side_tasks.append(loop.create_task(trim_heap_periodically(self.metrics, self.options.heap_trim_interval_s)))
         ready = [n for n, m in self.hub.models.items() if m.ready]
+        frozen = freeze_startup_objects()  # (everything built so far lives as long as the server)
+        self.metrics.gc_frozen.set(frozen)
+        gc_timer = FullCollectionTimer(self.metrics.gc_full_pause)
+        gc_timer.install()
         log.info(
-            "serving %s on http :%d, grpc :%d (%s)", ready, self.options.http_port, self.options.grpc_port, self.device
+            "serving %s on http :%d, grpc :%d (%s; %d startup objects out of the collector's full passes)",
+            ready,
+            self.options.http_port,
+            self.options.grpc_port,
+            self.device,
+            frozen,
         )
         try:
             await self._rest.start()
         finally:
+            gc_timer.remove()
             for task in side_tasks:
                 task.cancel()
             if self._grpc is not None:
