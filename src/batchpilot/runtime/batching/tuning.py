@@ -102,15 +102,18 @@ class AutoTuner(StaticTuner):
         self, request: Pending, outcome: str, queued_s: float, total_s: float, timings: BatchTimings, now: float
     ) -> None:
         if outcome == "success":
-            front = request.front_s
-            self.autotuner.record_request(total_s - front, queued_s, self.clock(), front_s=front)
+            self._record(request, queued_s, total_s, self.clock())
 
     def finished_batch(self, done: Sequence[Finished], timings: BatchTimings, now: float) -> None:
         at = self.clock()
         for f in done:
             if f.outcome == "success":
-                front = f.request.front_s
-                self.autotuner.record_request(f.total_s - front, f.queued_s, at, front_s=front)
+                self._record(f.request, f.queued_s, f.total_s, at)
+
+    def _record(self, request: Pending, queued_s: float, total_s: float, at: float) -> None:
+        """An answer: `total_s` runs from the front-end's read; the tuner takes the part from the queue and the rest."""
+        front = request.front_s
+        self.autotuner.record_request(total_s - front, queued_s, at, front_s=front)
 
     def dropped(self, request: Pending, outcome: str) -> None:
         """An admitted request leaves without an answer: stop counting it as in flight."""
