@@ -40,6 +40,13 @@ def model_specs(setting: str) -> str:
     return static_specs((int(size), float(delay_ms)))
 
 
+def batch_counts(url: str) -> tuple[int, int]:
+    """Items inferred and batches executed so far (Triton's statistics extension)."""
+    with urllib.request.urlopen(f"{url}/stats", timeout=10) as reply:
+        stats = json.loads(reply.read())["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet-mini", choices=sorted(build_demo_modules()))
@@ -61,10 +68,13 @@ def main() -> int:
             url = f"http://127.0.0.1:{port}/v2/models/{args.model}"
             wrk(f"{url}/infer", work.body, work.headers, connections=8, duration_s=2, workdir=tmp)
             print(f"{args.model}, {args.setting}, {args.encoding} bodies, {args.seconds} s a level")
-            print("| clients | wrk req/s | wrk p50 ms | wrk p99 ms | server p99 ms | in force | CPU s by process |")
-            print("|---|---|---|---|---|---|---|")
+            print(
+                "| clients | wrk req/s | wrk p50 ms | wrk p99 ms | server p99 ms | in force | mean batch "
+                "| CPU s by process |"
+            )
+            print("|---|---|---|---|---|---|---|---|")
             for connections in (int(c) for c in args.levels.split(",")):
-                before = process_cpu_seconds(server.pid)
+                before, counts = process_cpu_seconds(server.pid), batch_counts(url)
                 r = wrk(
                     f"{url}/infer",
                     work.body,
@@ -73,14 +83,16 @@ def main() -> int:
                     duration_s=args.seconds,
                     workdir=tmp,
                 )
-                after = process_cpu_seconds(server.pid)
+                after, items_batches = process_cpu_seconds(server.pid), batch_counts(url)
+                batches = items_batches[1] - counts[1]
+                mean_batch = (items_batches[0] - counts[0]) / batches if batches else 0.0
                 with urllib.request.urlopen(f"{url}/batching", timeout=10) as reply:
                     state = json.loads(reply.read())
                 used = ", ".join(f"{after[pid] - before.get(pid, 0.0):.2f}" for pid in sorted(after))
                 in_force = f"{state['max_batch_size']} / {state['max_queue_delay_microseconds'] / 1000:g} ms"
                 print(
                     f"| {connections} | {r.requests_per_s:,.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
-                    f"{state['recent']['p99_ms']} | {in_force} | {used} |",
+                    f"{state['recent']['p99_ms']} | {in_force} | {mean_batch:.1f} | {used} |",
                     flush=True,
                 )
     return 0

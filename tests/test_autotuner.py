@@ -1657,3 +1657,23 @@ def test_a_break_waits_for_the_search_plan_being_solved_for_the_same_setting() -
         out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
         tuner._after_plan(out, Solved(Plan(kept[0], True, 0.045, kept), 0.0), now=at)
     assert tuner._plan_fruitless(read_workload(reading), 12.5)
+
+
+def test_clients_that_outgrow_the_probed_size_get_the_wider_limit_measured() -> None:
+    """The search's one probe went from 16 / 2 to 8 / 8 ms while 8 clients filled every batch; the load rose to 16
+    clients during its epoch, so the probe was judged (and kept) at 16, and every batch since held 8: a one-size fit,
+    no plan, nothing left to probe, settled at 8 / 8 ms (live: 1,410-1,630 req/s where 16 / 8 ms served 1,720-1,880,
+    side by side). Clients that could fill twice the batches fitted get the wider limit measured once, as with a
+    fit over several sizes."""
+    here = TuningParams(8, 0.008)
+    reading = closed_reading(here, rate=1560.0, mean_s=0.010, p99_s=0.012, utilization=1.0, peak_in_server=16)
+    reading = replace(reading, frontend_cpu_s=0.14e-3, low_in_server=8)
+    assert read_workload(reading).closed and read_workload(reading).clients == 16
+    tuner = Autotuner(spec(50), here)
+    for i in range(40):
+        tuner.record_batch(8, 0.005, 1.0 + i * 0.02)
+    tuner._probed = True  # (spent on the move to 8 / 8 ms)
+    tuner._inc_meas = reading
+    move = tuner._next(2.0)
+    assert move is not None and move.detail.get("knob") == "wider", move
+    assert move.params == TuningParams(16, 0.008)
