@@ -1677,3 +1677,29 @@ def test_clients_that_outgrow_the_probed_size_get_the_wider_limit_measured() -> 
     move = tuner._next(2.0)
     assert move is not None and move.detail.get("knob") == "wider", move
     assert move.params == TuningParams(16, 0.008)
+
+
+def test_a_settled_closed_loop_whose_batches_split_tries_a_delay_that_merges_them() -> None:
+    """16 clients settled at 16 / 2 ms in full batches of 16; one late request split them into groups of 9 and 7,
+    and 2 ms (shorter than the groups' distance) kept them apart at the same clients and setting: 16% fewer items/s,
+    settled, live. The tuner tries the incumbent with the ladder's first delay of at least a batch's cycle (8 items at
+    1,570 items/s: 5.1 ms -> 8 ms), once: not where the batches were already short when it settled, nor after that
+    delay was given back."""
+    here = TuningParams(16, 0.002)
+    full = closed_reading(here, rate=1870.0, mean_s=0.009, p99_s=0.010, utilization=1.0, peak_in_server=16)
+    split = short_reading(here, rate=1570.0, mean_s=0.010, p99_s=0.011, clients=16, mean_batch=8.0, largest=9)
+
+    def remerge(settled_on: Measurement) -> TuningParams | None:
+        tuner = Autotuner(spec(50), here, cores=1)
+        tuner._settle(settled_on, 1.0)
+        return tuner._remerge(split, read_workload(split))
+
+    assert remerge(full) == TuningParams(16, 0.008)
+    assert remerge(split) is None  # short when it settled: the search's own rules had their say
+    tuner = Autotuner(spec(50), here, cores=1)
+    tuner._settle(full, 1.0)
+    tuner._rejected.add(TuningParams(16, 0.008))
+    assert tuner._remerge(split, read_workload(split)) is None
+    several = Autotuner(spec(50), here, cores=2)  # (one core only: with several the plan simulates the returns)
+    several._settle(full, 1.0)
+    assert several._remerge(split, read_workload(split)) is None
