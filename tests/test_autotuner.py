@@ -1696,6 +1696,17 @@ def test_a_settled_closed_loop_whose_batches_split_tries_a_delay_that_merges_the
 
     assert remerge(full) == TuningParams(16, 0.008)
     assert remerge(split) is None  # short when it settled: the search's own rules had their say
+    fewer = closed_reading(here, rate=1870.0, mean_s=0.009, p99_s=0.010, utilization=1.0, peak_in_server=12)
+    assert remerge(replace(fewer, mean_batch=12.0)) is None  # another population: not a split
+    one = closed_reading(
+        TuningParams(16, 0.0), rate=250.0, mean_s=0.004, p99_s=0.005, utilization=0.5, peak_in_server=1
+    )
+    pair = short_reading(
+        TuningParams(16, 0.0), rate=250.0, mean_s=0.004, p99_s=0.005, clients=2, mean_batch=1.0, largest=1
+    )
+    alone = Autotuner(spec(50), TuningParams(16, 0.0), cores=1)
+    alone._settle(replace(one, mean_batch=1.0, largest_batch=1), 1.0)
+    assert alone._remerge(pair, read_workload(pair)) is None  # (live: 1 client read as 2 for an epoch)
     tuner = Autotuner(spec(50), here, cores=1)
     tuner._settle(full, 1.0)
     tuner._rejected.add(TuningParams(16, 0.008))

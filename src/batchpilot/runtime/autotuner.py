@@ -22,7 +22,9 @@ Before a fit over several batch sizes exists, one probe (size x2 or /2) supplies
 A closed loop whose clients could fill batches of twice the largest size fitted or more measures the largest
 such size once (`_wider`; at an SLO break, before any re-plan): a line is not trusted far beyond its sizes. On one
 core that probe waits at least a cycle of the old full batches (`_merging`), so the groups they formed merge; it is not
-taken (nor is the limit doubled by a backoff) where they cannot merge within the delay's bound (`_apart`).
+taken (nor is the limit doubled by a backoff) where they cannot merge within the delay's bound (`_apart`). A settled
+closed loop on one core whose full batches split (a late request; the same clients and setting) tries that delay once
+(`_remerge`).
 A p99 over the SLO (or a queue growing past the SLO's worth of work) is answered at once, unless it is an open loop's
 that the p99 over the last window absorbs (a stall's, not severe; measured again as its answers come): a trial is
 abandoned; the incumbent is re-planned with its measured tail (which scales every predicted one) and gives way to the
@@ -811,7 +813,12 @@ class Autotuner:
         under 16 / 2 ms served 1,850-1,920 items/s in batches of 16.0 for 10 s, then 1,510-1,650 in batches of 9 and
         7 for the rest of the run, settled, where 16 / 8 ms formed batches of 16.0 (1,720-1,880 req/s)."""
         ref, p = self._ref, self._incumbent
-        if ref is None or not self._short_on_one_core(m, w) or self._short(p, ref, read_workload(ref)):
+        if ref is None or not self._short_on_one_core(m, w):
+            return None
+        was = read_workload(ref)
+        # The same population, in a group that can part: a population read one higher (1 client read as 2, live) makes
+        # no split of a batch of one.
+        if self._short(p, ref, was) or abs(was.clients - w.clients) > 0.1 * w.clients or ref.mean_batch < 2:
             return None
         merge = self._longer(p, at_least=self._cycle(m))
         return None if merge is None or merge in self._rejected else merge
