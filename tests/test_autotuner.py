@@ -1714,3 +1714,33 @@ def test_a_settled_closed_loop_whose_batches_split_tries_a_delay_that_merges_the
     several = Autotuner(spec(50), here, cores=2)  # (one core only: with several the plan simulates the returns)
     several._settle(full, 1.0)
     assert several._remerge(split, read_workload(split)) is None
+
+
+def test_a_trial_judged_while_the_load_moved_stays_without_a_verdict() -> None:
+    """A trial's epoch saw another population than the incumbent's (8 clients became 16 during a probe to 8 / 8 ms):
+    comparing them says nothing about either setting, so neither is given back nor rejected; the trial stays in force,
+    the search starts over at the new load (its size probe free again). At the same load a losing trial is still given
+    back, and one client read as two is the same load."""
+    here, trial = TuningParams(16, 0.002), TuningParams(8, 0.008)
+    inc = closed_reading(here, rate=1700.0, mean_s=0.005, p99_s=0.008, utilization=1.0, peak_in_server=8)
+    inc = replace(inc, mean_batch=8.0, largest_batch=8, full_share=0.0)
+
+    risen = closed_reading(trial, rate=1450.0, mean_s=0.011, p99_s=0.014, utilization=1.0, peak_in_server=16)
+    assert read_workload(risen).clients == 16
+    tuner = Autotuner(spec(50), here, cores=1)
+    tuner._inc_meas, tuner._probed = inc, True
+    tuner._rejected.add(TuningParams(32, 0.002))
+    tuner._params = trial
+    decision = tuner._judged_elsewhere(risen, 2.0) if tuner._load_changed(risen, inc) else None
+    assert decision is not None and decision.reason == "trial-kept" and not decision.changed
+    assert decision.detail["knob"] == "load-moved" and decision.detail["incumbent_clients"] == 8
+    assert tuner.params == trial and tuner._incumbent == trial and tuner._inc_meas is risen
+    assert not tuner._rejected and not tuner._probed and tuner._planned is None  # a new search from the trial
+
+    same = closed_reading(trial, rate=1400.0, mean_s=0.006, p99_s=0.009, utilization=1.0, peak_in_server=8)
+    assert not Autotuner._load_changed(replace(same, mean_batch=8.0), inc)  # fewer items/s at 8 clients: a loss
+    one = closed_reading(here, rate=250.0, mean_s=0.004, p99_s=0.005, utilization=0.5, peak_in_server=1)
+    two = replace(one, peak_in_server=2)
+    assert not Autotuner._load_changed(two, one)  # (live: 1 client read as 2 for an epoch)
+    fallen = closed_reading(trial, rate=120.0, mean_s=0.008, p99_s=0.012, utilization=0.3, peak_in_server=1)
+    assert Autotuner._load_changed(fallen, inc)
