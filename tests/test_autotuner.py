@@ -1744,3 +1744,22 @@ def test_a_trial_judged_while_the_load_moved_stays_without_a_verdict() -> None:
     assert not Autotuner._load_changed(two, one)  # (live: 1 client read as 2 for an epoch)
     fallen = closed_reading(trial, rate=120.0, mean_s=0.008, p99_s=0.012, utilization=0.3, peak_in_server=1)
     assert Autotuner._load_changed(fallen, inc)
+
+
+def test_a_trial_the_load_steps_under_is_not_given_back_on_the_simulator() -> None:
+    """The same in the closed loop: 32 clients, a trial begins, the population drops to 4 before its epoch ends. The
+    trial's end brings no revert (its figures at 4 clients against the incumbent's at 32 would read as a loss) but a
+    `trial-kept` line, with the trial still in force."""
+    tuner = Autotuner(spec(50), COLD)
+    sim = BatcherSim(CPU, ClosedLoop(32, think_s=0.001), COLD, seed=1, tuner=tuner)
+    while not tuner.trying(sim.now):
+        assert sim.now < 30.0, "no trial in 30 s"
+        sim.run_until(sim.now + 0.05)
+    trial, started = tuner.params, len(sim.decisions)
+    sim.load = ClosedLoop(4, think_s=0.001)
+    while len(sim.decisions) == started:
+        assert sim.now < 60.0, "the trial never ended"
+        sim.run_until(sim.now + 0.05)
+    ended = sim.decisions[started][1]
+    assert (ended.reason, ended.detail.get("knob"), ended.changed) == ("trial-kept", "load-moved", False), ended
+    assert ended.params == trial
