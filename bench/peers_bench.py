@@ -23,7 +23,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import ExitStack
@@ -50,6 +49,7 @@ from common import (
 )
 
 from batchpilot import __version__ as batchpilot_version
+from batchpilot.runtime.demo import batch_counts as model_batch_counts
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
 from batchpilot.testing.processes import free_port
@@ -274,12 +274,6 @@ def peer_command(peer: Peer, repo: Path, model: str, port: int) -> list[str]:
     )
 
 
-def mean_batch_counts(port: int, model: str) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=5) as r:
-        s = json.loads(r.read())["model_stats"][0]
-    return s["inference_count"], s["execution_count"]
-
-
 def allowed_cpus(pid: int) -> str:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -376,7 +370,7 @@ def batchpilot_phases(repo: Path, args: argparse.Namespace, tmp: Path) -> Iterat
             runs,
             args,
             tmp,
-            batch_counts=lambda m, p=port: mean_batch_counts(p, m),
+            batch_counts=lambda m, p=port: model_batch_counts(p, m),
             env={SPECS_ENV: batchpilot_specs(autotune)},
         )
 

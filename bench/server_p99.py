@@ -27,6 +27,7 @@ from pathlib import Path
 from common import bench_lock, process, process_cpu_seconds, static_specs, workloads, wrk
 from peers_bench import batchpilot_command, batchpilot_specs
 
+from batchpilot.runtime.demo import batch_counts
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
 from batchpilot.testing.processes import free_port
@@ -38,13 +39,6 @@ def model_specs(setting: str) -> str:
         return batchpilot_specs(autotune=True)
     size, delay_ms = setting.split("/")
     return static_specs((int(size), float(delay_ms)))
-
-
-def batch_counts(url: str) -> tuple[int, int]:
-    """Items inferred and batches executed so far (Triton's statistics extension)."""
-    with urllib.request.urlopen(f"{url}/stats", timeout=10) as reply:
-        stats = json.loads(reply.read())["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
 
 
 def main() -> int:
@@ -74,7 +68,7 @@ def main() -> int:
             )
             print("|---|---|---|---|---|---|---|---|")
             for connections in (int(c) for c in args.levels.split(",")):
-                before, counts = process_cpu_seconds(server.pid), batch_counts(url)
+                before, counts = process_cpu_seconds(server.pid), batch_counts(port, args.model)
                 r = wrk(
                     f"{url}/infer",
                     work.body,
@@ -83,7 +77,7 @@ def main() -> int:
                     duration_s=args.seconds,
                     workdir=tmp,
                 )
-                after, items_batches = process_cpu_seconds(server.pid), batch_counts(url)
+                after, items_batches = process_cpu_seconds(server.pid), batch_counts(port, args.model)
                 batches = items_batches[1] - counts[1]
                 mean_batch = (items_batches[0] - counts[0]) / batches if batches else 0.0
                 with urllib.request.urlopen(f"{url}/batching", timeout=10) as reply:
