@@ -1731,7 +1731,7 @@ def test_a_trial_judged_while_the_load_moved_stays_without_a_verdict() -> None:
     tuner._inc_meas, tuner._probed = inc, True
     tuner._rejected.add(TuningParams(32, 0.002))
     tuner._params = trial
-    decision = tuner._judged_elsewhere(risen, 2.0) if tuner._load_changed(risen, inc) else None
+    decision = tuner._judged_elsewhere(risen, inc, 2.0) if tuner._load_changed(risen, inc) else None
     assert decision is not None and decision.reason == "trial-kept" and not decision.changed
     assert decision.detail["knob"] == "load-moved" and decision.detail["incumbent_clients"] == 8
     assert tuner.params == trial and tuner._incumbent == trial and tuner._inc_meas is risen

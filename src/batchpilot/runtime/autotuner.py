@@ -360,7 +360,7 @@ class Autotuner:
             self._broke.clear()
         if self._params != self._incumbent:  # a trial ends
             if self._inc_meas is not None and self._load_changed(m, self._inc_meas):
-                return self._judged_elsewhere(m, now)
+                return self._judged_elsewhere(m, self._inc_meas, now)
             if not self._confirms(m, self._inc_meas):
                 self._rejected.add(self._params)
                 if self._params.max_batch_size != self._incumbent.max_batch_size:
@@ -1164,7 +1164,7 @@ class Autotuner:
             return not inc_ok and t.p99_s < inc.p99_s
         if not inc_ok:
             return True
-        band = max(0.02, 3.0 / math.sqrt(max(1, min(t.completed, inc.completed))))
+        band = max(0.02, _noise(t, inc))
         if t.items_per_s < (1 - band) * inc.items_per_s:
             return False
         if t.items_per_s > (1 + band) * inc.items_per_s:
@@ -1182,24 +1182,24 @@ class Autotuner:
             return many >= LOAD_MOVED * few and many - few >= 2
         if tw.closed or iw.closed:
             return False  # (a closed loop near capacity can read as open: no verdict from that alone)
-        noise = 3.0 / math.sqrt(max(1, min(t.completed, inc.completed)))
-        return abs(t.arrival_rate - inc.arrival_rate) > max(CHANGE_TRIGGER, noise) * inc.arrival_rate
+        return _rate_moved(t, inc)
 
-    def _judged_elsewhere(self, m: Measurement, now: float) -> Decision:
+    def _judged_elsewhere(self, m: Measurement, was: Measurement, now: float) -> Decision:
         """A trial whose epoch saw another load than the incumbent's measurement: the comparison says nothing about
         either, so the trial stays in force without a verdict (no revert, nothing rejected) and the search starts over
         at the new load from it. Live, judged anyway: a probe from 16 / 2 to 8 / 8 ms at 8 clients kept as the load
         rose to 16 (1,410-1,630 req/s where 16 / 8 ms served 1,720-1,880); a plan's 8 / 9 ms at 8 clients given back
         as the load fell to 1, and rejected for the rest of the search; resnet-mini's wider probe to 32 / 10 ms kept
         as 16 clients became 32 and held at 64 (9% under 16-item batches there)."""
-        was = self._inc_meas
         self._incumbent, self._inc_meas, self._planned = self._params, m, None
         self._reopen()
         self._new_epoch(now)
-        detail = {**self._figures(m), "knob": "load-moved"}
-        if was is not None:
-            detail["incumbent_items_per_s"] = round(was.items_per_s, 2)
-            detail["incumbent_clients"] = read_workload(was).clients
+        detail = {
+            **self._figures(m),
+            "knob": "load-moved",
+            "incumbent_items_per_s": round(was.items_per_s, 2),
+            "incumbent_clients": read_workload(was).clients,
+        }
         return Decision(self._params, "trial-kept", detail, changed=False)
 
     def _verdict(self, m: Measurement, now: float) -> Decision | None:
@@ -1252,12 +1252,10 @@ class Autotuner:
         ref = self._ref
         if ref is None:
             return False
-        noise = 3.0 / math.sqrt(max(1, min(m.completed, ref.completed)))
-        rate_moved = abs(m.arrival_rate - ref.arrival_rate) > max(CHANGE_TRIGGER, noise) * ref.arrival_rate
-        latency_moved = abs(m.mean_s - ref.mean_s) > max(CHANGE_TRIGGER, noise) * ref.mean_s
+        latency_moved = abs(m.mean_s - ref.mean_s) > max(CHANGE_TRIGGER, _noise(m, ref)) * ref.mean_s
         # Past the SLO the latency swings with the queue, not the model's speed: only the rate counts (a closed
         # loop's rate moves with its latency anyway).
-        return rate_moved or (latency_moved and self._feasible)
+        return _rate_moved(m, ref) or (latency_moved and self._feasible)
 
     def _reopen(self) -> None:
         self._rejected.clear()
@@ -1404,6 +1402,16 @@ class Autotuner:
         elapsed = now - epoch.settled_at
         enough = len(epoch.latencies) >= MIN_ANSWERS
         return (elapsed >= MEASURE_S and enough) or (elapsed >= MAX_MEASURE_S and len(epoch.latencies) >= 10)
+
+
+def _noise(m: Measurement, ref: Measurement) -> float:
+    """The relative noise of comparing two epochs' means: 3 / sqrt(answers) of the smaller."""
+    return 3.0 / math.sqrt(max(1, min(m.completed, ref.completed)))
+
+
+def _rate_moved(m: Measurement, ref: Measurement) -> bool:
+    """Has the arrival rate moved from `ref`'s by more than CHANGE_TRIGGER and the noise?"""
+    return abs(m.arrival_rate - ref.arrival_rate) > max(CHANGE_TRIGGER, _noise(m, ref)) * ref.arrival_rate
 
 
 def _stretched(costs: tuple[LatencyFit, float], share: float) -> tuple[LatencyFit, float]:
