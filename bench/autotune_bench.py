@@ -10,9 +10,11 @@ Phases (--phases, comma-separated):
           (max batch sizes up to the level plus the next power of two, x delays; size 1 only with delay 0),
           every setting a model of its own in one server; the top 3 re-measured after the sweep (the noise);
           the oracle = the best mean throughput of those whose p99 met the SLO. Then the autotuned model,
-          cold and alone in a fresh server per level: the first --settle-s discarded, the rest measured; just
-          before it, the oracle's setting in a fresh one-model server too (static, the same window after a
-          warm-up), as the autotuned model is served and measured.
+          cold and alone in a fresh server, --tuned-runs times per level: the first --settle-s discarded, the
+          rest measured; before the first and after each, the oracle's setting in a fresh one-model server too
+          (static, the same window after a warm-up), as the autotuned model is served and measured, so that
+          each autotuned run is compared with the two static runs beside it (the host drifts by tens of
+          percent within minutes).
   open    open loop (Poisson arrivals) at 50/80/95% of the open-loop capacity: the static best setting vs
           the autotuned model (fresh server per rate). The static best setting is the oracle of the highest
           level (closed loop; without levels results, the demo setting measured with wrk at 64 connections).
@@ -56,7 +58,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -115,6 +117,7 @@ class Config:
     static_s: int  # measured seconds per static setting (wrk takes whole seconds)
     grid_warmup_s: int  # one wrk run per grid model before the sweep (TorchScript specialises on first calls)
     top: int  # static settings re-measured per level (the oracle's noise)
+    tuned_runs: int  # autotuned runs per level, each in a fresh server between two of the oracle's setting
     tuned_s: int  # an autotuned run in all...
     settle_s: int  # ...of which the first seconds are discarded as the tuner's settling
     open_loads: list[float]  # fractions of the capacity
@@ -149,6 +152,7 @@ FULL = Config(
     static_s=4,
     grid_warmup_s=1,
     top=3,
+    tuned_runs=2,
     tuned_s=20,
     settle_s=8,
     open_loads=[0.5, 0.8, 0.95],
@@ -174,6 +178,7 @@ QUICK = replace(
     delays_ms=[0, 5],
     static_s=1,
     grid_warmup_s=0,
+    tuned_runs=1,
     tuned_s=6,
     settle_s=2,
     open_loads=[0.8],
@@ -429,34 +434,54 @@ def levels_phase(
         body = workload(model, enc)
         for c in cfg.levels:
             level = out["encodings"][enc]["levels"][str(c)]
-            if (best := oracle(level, slo)) is not None:
-                level["oracle_solo"] = solo_static(solo, spec, body, c, best, cfg, tmp, f"{enc} c={c:2d}, before")
-            log = logs / f"levels-{model}-{enc}-c{c}.log"
-            with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
-                infer = f"http://{HOST}:{port}/v2/models/{model}/infer"
-                t0 = time.perf_counter()
-                with Poller(port, model, t0) as poller:
-                    wrk_run(infer, body, c, cfg.settle_s, tmp)  # the tuner's settling: discarded
-                    start = time.perf_counter() - t0
-                    row = wrk_run(infer, body, c, cfg.tuned_s - cfg.settle_s, tmp)
-                final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
-            polls = poller.dump()
-            row |= {
-                "measured_from_s": start,
-                "changes_measured": param_changes(polls, start, math.inf),
-                "final": final,
-                "polls": polls,
-                "events": autotune_events(log, model),
-            }
-            out["encodings"][enc]["levels"][str(c)]["tuned"] = row
-            print(
-                f"  {model} {enc} c={c:2d} autotuned: {row['rps']:7.1f} req/s  p99 {row['p99_ms']:7.1f} ms, "
-                f"final {setting(final)}, {len(row['events'])} autotune events",
-                flush=True,
-            )
-            if best is not None:  # again after it: the two bracket the autotuned run against the host's drift
-                level["oracle_solo_after"] = solo_static(solo, spec, body, c, best, cfg, tmp, f"{enc} c={c:2d}, after")
+            best = oracle(level, slo)
+            # The oracle's setting in fresh servers brackets every autotuned run against the host's drift:
+            # before, autotuned, after, autotuned, after ...
+            fresh = [solo_static(solo, spec, body, c, best, cfg, tmp, f"{enc} c={c:2d}, before")] if best else []
+            runs = []
+            for i in range(cfg.tuned_runs):
+                runs.append(
+                    autotuned_run(solo, spec, slo, body, c, cfg, tmp, logs / f"levels-{model}-{enc}-c{c}-{i + 1}.log")
+                )
+                if best:
+                    fresh.append(solo_static(solo, spec, body, c, best, cfg, tmp, f"{enc} c={c:2d}, after run {i + 1}"))
+            level["tuned"], level["tuned_more"] = runs[0], runs[1:]
+            if fresh:
+                level["oracle_solo"], level["oracle_solo_after"], level["oracle_solo_more"] = (
+                    fresh[0],
+                    fresh[1],
+                    fresh[2:],
+                )
     return out
+
+
+def autotuned_run(
+    solo: Path, spec: ModelSpec, slo: float, body: Workload, c: int, cfg: Config, tmp: Path, log: Path
+) -> dict[str, Any]:
+    """The autotuned model cold and alone in a fresh server at `c` connections: the first `settle_s` discarded,
+    the rest measured; with its parameters polled, its final state and its decision log."""
+    with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
+        infer = f"http://{HOST}:{port}/v2/models/{spec.name}/infer"
+        t0 = time.perf_counter()
+        with Poller(port, spec.name, t0) as poller:
+            wrk_run(infer, body, c, cfg.settle_s, tmp)  # the tuner's settling: discarded
+            start = time.perf_counter() - t0
+            row = wrk_run(infer, body, c, cfg.tuned_s - cfg.settle_s, tmp)
+        final = get_json(f"http://{HOST}:{port}/v2/models/{spec.name}/batching")
+    polls = poller.dump()
+    row |= {
+        "measured_from_s": start,
+        "changes_measured": param_changes(polls, start, math.inf),
+        "final": final,
+        "polls": polls,
+        "events": autotune_events(log, spec.name),
+    }
+    print(
+        f"  {spec.name} c={c:2d} autotuned: {row['rps']:7.1f} req/s  p99 {row['p99_ms']:7.1f} ms, "
+        f"final {setting(final)}, {len(row['events'])} autotune events",
+        flush=True,
+    )
+    return row
 
 
 def solo_static(
@@ -477,18 +502,50 @@ def solo_static(
     return {"max_batch_size": n, "delay_ms": d, **row}
 
 
-FRESH_RUNS = ("oracle_solo", "oracle_solo_after")  # a level's keys: the oracle's setting in fresh servers
+def fresh_runs(level: dict[str, Any]) -> list[dict[str, Any]]:
+    """The oracle's setting in fresh one-model servers, in order: before the first autotuned run, then after
+    each (older results: before only, or before and after one)."""
+    runs = [level[key] for key in ("oracle_solo", "oracle_solo_after") if level.get(key)]
+    return runs + list(level.get("oracle_solo_more", []))
+
+
+def tuned_runs(level: dict[str, Any]) -> list[dict[str, Any]]:
+    """A level's autotuned runs, each in a fresh server (older results: one)."""
+    return ([level["tuned"]] if level.get("tuned") else []) + list(level.get("tuned_more", []))
+
+
+def tuned_summary(level: dict[str, Any]) -> dict[str, Any] | None:
+    """The autotuned runs as one row: mean req/s, the worst p99, errors summed (None without a run)."""
+    runs = tuned_runs(level)
+    if not runs:
+        return None
+    return {
+        "rps": float(np.mean([r["rps"] for r in runs])),
+        "p99_ms": max(r["p99_ms"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "runs": runs,
+    }
 
 
 def fresh_oracle_rps(level: dict[str, Any]) -> float | None:
-    """The oracle's setting in fresh one-model servers: the mean of its runs just before and just after the
-    autotuned one (older results: before only); None without one."""
-    runs = [r["rps"] for key in FRESH_RUNS if (r := level.get(key)) and r["rps"] > 0]
+    """The mean of the oracle's setting's fresh-server runs; None without one."""
+    runs = [r["rps"] for r in fresh_runs(level) if r["rps"] > 0]
     return float(np.mean(runs)) if runs else None
 
 
+def pair_ratios(level: dict[str, Any]) -> list[float]:
+    """Each autotuned run against the mean of the two fresh-server runs that bracket it (the host's drift
+    between neighbours is smaller than across the level)."""
+    fresh, runs = fresh_runs(level), tuned_runs(level)
+    return [
+        r["rps"] / np.mean([fresh[i]["rps"], fresh[i + 1]["rps"]])
+        for i, r in enumerate(runs)
+        if i + 1 < len(fresh) and fresh[i]["rps"] > 0 and fresh[i + 1]["rps"] > 0
+    ]
+
+
 def fresh_cell(level: dict[str, Any], tuned: dict[str, Any] | None) -> str:
-    runs = [f"{r['rps']:.0f}" for key in FRESH_RUNS if (r := level.get(key))]
+    runs = [f"{r['rps']:.0f}" for r in fresh_runs(level)]
     alone = fresh_oracle_rps(level)
     if not runs:
         return "-"
@@ -933,9 +990,10 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             seconds: list[float] = []  # autotuned / the oracle's second run alone (not picked by the sweep)
             solos: list[tuple[float, float]] = []  # (autotuned, the grid's oracle) / its setting in a fresh server
             bias: list[float] = []  # the oracle's second run / its first
+            pairs: list[float] = []  # each autotuned run / the fresh-server runs just before and after it
             slo_levels = slo_met = 0
             for c, level in sorted(e["levels"].items(), key=lambda kv: int(kv[0])):
-                best, tuned = oracle(level, slo), level.get("tuned")
+                best, tuned = oracle(level, slo), tuned_summary(level)
                 if not best:
                     continue
                 ratio = tuned["rps"] / best["rps"] if tuned and best["rps"] else math.nan
@@ -952,7 +1010,8 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     bias.append(best["runs"][1][0] / best["runs"][0][0])
                     if tuned:
                         seconds.append(tuned["rps"] / best["runs"][1][0])
-                plan = (tuned or {}).get("final", {}).get("autotune", {}).get("plan")
+                pairs.extend(pair_ratios(level))
+                plan = (tuned["runs"][0] if tuned else {}).get("final", {}).get("autotune", {}).get("plan")
                 plan_cells |= plan is not None
                 rows.append(
                     [
@@ -962,9 +1021,9 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                         f"{best['max_batch_size']} / {best['delay_ms']} ms" + ("" if best["both_runs"] else " *"),
                         f"{best['rps']:.0f} (" + " / ".join(f"{x:.0f}" for x, _ in best["runs"]) + ")",
                         " / ".join(fmt_ms(p) for _, p in best["runs"]),
-                        f"{tuned['rps']:.0f}" if tuned else "-",
-                        fmt_ms(tuned["p99_ms"]) if tuned else "-",
-                        setting(tuned["final"]) if tuned else "-",
+                        runs_cell(tuned, lambda r: f"{r['rps']:.0f}", f"{tuned['rps']:.0f}") if tuned else "-",
+                        runs_cell(tuned, lambda r: fmt_ms(r["p99_ms"])) if tuned else "-",
+                        runs_cell(tuned, lambda r: setting(r["final"]), sep="; ") if tuned else "-",
                         f"{ratio:.2f}x" if tuned else "-",
                         fresh_cell(level, tuned),
                         within,
@@ -1026,6 +1085,12 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                         f"(lowest {min(a for a, _ in solos):.2f}x, >= 0.95x at {sum(a >= 0.95 for a, _ in solos)}/"
                         f"{len(solos)} levels); the grid server's oracle read {np.mean([g for _, g in solos]):.2f}x it"
                     )
+                if pairs:
+                    verdicts.append(
+                        f"  - each autotuned run against the two fresh-server runs that bracket it: {len(pairs)} pairs, "
+                        f"mean {np.mean(pairs):.2f}x, median {np.median(pairs):.2f}x, range {min(pairs):.2f}-"
+                        f"{max(pairs):.2f}x; >= 0.95x in {sum(x >= 0.95 for x in pairs)}"
+                    )
     cfg = next(lv_all[m] for m in MODELS if m in lv_all)["config"]  # the one `differing` names
     headers = [
         "model",
@@ -1038,7 +1103,7 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "autotuned p99 ms",
         "autotuned final setting",
         "ratio",
-        "oracle's setting, fresh server: req/s before / after (ratio)",
+        "oracle's setting, fresh servers: req/s before / after each autotuned run (ratio)",
         "autotuned p99 <= SLO",
         ">= 0.95x & SLO",
     ]
@@ -1054,7 +1119,8 @@ def levels_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         + (f" after a one-time {cfg['grid_warmup_s']}-s warm-up per grid model" if cfg["grid_warmup_s"] else "")
         + f"; then the top {cfg['top']} of each level (within the SLO first) measured a second time. Oracle = the best "
         "mean of those two runs whose p99 met the SLO in both (* = in the first run only); its req/s is that mean. "
-        f"Autotuned: the model alone in a fresh server per level, cold; the first {cfg['settle_s']} s are discarded "
+        f"Autotuned: the model alone in a fresh server, cold, {cfg.get('tuned_runs', 1)} run(s) per level (req/s: "
+        f"their mean; p99: each); the first {cfg['settle_s']} s are discarded "
         f"as the tuner's settling, the next {cfg['tuned_s'] - cfg['settle_s']} s measured. SLO per model: "
         + ", ".join(f"{m} {lv_all[m]['slo_ms']:g} ms" for m in MODELS if m in lv_all)
         + "."
@@ -1079,6 +1145,14 @@ def differing(entries: dict[str, Any], relevant: str) -> str:
     first = models[0]
     verb = "differs" if len(keys) == 1 else "differ"
     return f" (Settings as for {first}; {', '.join(keys)} {verb} between the models: see the runs.)" if keys else ""
+
+
+def runs_cell(tuned: dict[str, Any], cell: Callable[[dict[str, Any]], str], head: str = "", sep: str = " / ") -> str:
+    """One cell for the autotuned runs: each run's value (after `head`, their summary, when there are several)."""
+    each = [cell(r) for r in tuned["runs"]]
+    if len(each) == 1:
+        return each[0]
+    return f"{head} ({sep.join(each)})" if head else sep.join(each)
 
 
 def plan_text(plan: Any) -> str:
@@ -1445,7 +1519,7 @@ def plot_levels(results: dict[str, Any], path: Path) -> None:
         for i, (enc, e) in enumerate(lv_all[m]["encodings"].items()):
             xs, ratio, p99_o, p99_t = [], [], [], []
             for c, level in sorted(e["levels"].items(), key=lambda kv: int(kv[0])):
-                best, tuned = oracle(level, slo), level.get("tuned")
+                best, tuned = oracle(level, slo), tuned_summary(level)
                 if best and tuned:
                     xs.append(int(c))
                     ratio.append(tuned["rps"] / best["rps"] if best["rps"] else math.nan)
@@ -1537,13 +1611,14 @@ def plan_seconds(cfg: Config, phases: list[str]) -> dict[str, float]:
         settings = sum(len(level_settings(c, cfg.delays_ms)) for c in cfg.levels)
         grid = len({s for c in cfg.levels for s in level_settings(c, cfg.delays_ms)})
         runs = len(cfg.encodings) * (settings + cfg.top * len(cfg.levels))
-        tuned = len(cfg.encodings) * len(cfg.levels)
+        tuned = len(cfg.encodings) * len(cfg.levels) * cfg.tuned_runs
+        fresh = len(cfg.encodings) * len(cfg.levels) * (cfg.tuned_runs + 1)
         plan["levels"] = n_models * (
             SERVER_START_S
             + grid * (GRID_MODEL_START_S + (cfg.grid_warmup_s + WRK_OVERHEAD_S if cfg.grid_warmup_s else 0))
             + runs * (cfg.static_s + WRK_OVERHEAD_S)
             + tuned * (SERVER_START_S + cfg.tuned_s + 2 * WRK_OVERHEAD_S)
-            + tuned * (SERVER_START_S + cfg.static_warm_s + cfg.tuned_s - cfg.settle_s + 2 * WRK_OVERHEAD_S)
+            + fresh * (SERVER_START_S + cfg.static_warm_s + cfg.tuned_s - cfg.settle_s + 2 * WRK_OVERHEAD_S)
         )
     search = min(cfg.cap_budget_s, cfg.cap_probes * (cfg.cap_warmup_s + cfg.cap_window_s + 0.5))  # at most
     if "open" in phases:
