@@ -1517,7 +1517,7 @@ def plot_levels(results: dict[str, Any], path: Path) -> None:
         top, bottom = axes[0][col], axes[1][col]
         slo = lv_all[m]["slo_ms"]
         for i, (enc, e) in enumerate(lv_all[m]["encodings"].items()):
-            xs, ratio, p99_o, p99_t = [], [], [], []
+            xs, ratio, p99_o, p99_t, paired = [], [], [], [], []
             for c, level in sorted(e["levels"].items(), key=lambda kv: int(kv[0])):
                 best, tuned = oracle(level, slo), tuned_summary(level)
                 if best and tuned:
@@ -1525,13 +1525,30 @@ def plot_levels(results: dict[str, Any], path: Path) -> None:
                     ratio.append(tuned["rps"] / best["rps"] if best["rps"] else math.nan)
                     p99_o.append(best["p99_ms"])
                     p99_t.append(tuned["p99_ms"])
+                    paired.append(pair_ratios(level) or [math.nan])
             color = f"C{i}"
-            top.plot(xs, ratio, "o-", color=color, label=f"{enc} bodies")
+            top.plot(xs, ratio, "o-", color=color, label=f"{enc} bodies, / the oracle")
+            if any(not math.isnan(x) for p in paired for x in p):
+                mid = [float(np.mean(p)) for p in paired]
+                spread = [
+                    [m - min(p) for m, p in zip(mid, paired, strict=True)],
+                    [max(p) - m for m, p in zip(mid, paired, strict=True)],
+                ]
+                top.errorbar(
+                    xs,
+                    mid,
+                    yerr=spread,
+                    fmt="^--",
+                    color=color,
+                    alpha=0.6,
+                    capsize=3,
+                    label=f"{enc} bodies, / its setting in the fresh servers beside each run (mean, range)",
+                )
             bottom.plot(xs, p99_t, "o-", color=color, label=f"autotuned, {enc}")
             bottom.plot(xs, p99_o, "s--", color=color, alpha=0.6, label=f"oracle (worse of 2 runs), {enc}")
         top.axhline(1.0, color="grey", linestyle=":")
         top.axhline(0.95, color="red", linestyle=":", label="0.95x")
-        top.set(title=f"{m}: autotuned / oracle throughput", ylabel="ratio")
+        top.set(title=f"{m}: autotuned throughput / static", ylabel="ratio")
         bottom.axhline(slo, color="red", linestyle=":", label=f"SLO {slo:g} ms")
         bottom.set(yscale="log", xlabel="closed-loop connections (wrk)", ylabel="p99 ms")
         bottom.set_xscale("log", base=2)
