@@ -465,6 +465,7 @@ def autotuned_run(
         t0 = time.perf_counter()
         with Poller(port, spec.name, t0) as poller:
             wrk_run(infer, body, c, cfg.settle_s, tmp)  # the tuner's settling: discarded
+            drain(port, spec.name)
             start = time.perf_counter() - t0
             row = wrk_run(infer, body, c, cfg.tuned_s - cfg.settle_s, tmp)
         final = get_json(f"http://{HOST}:{port}/v2/models/{spec.name}/batching")
@@ -482,6 +483,22 @@ def autotuned_run(
         flush=True,
     )
     return row
+
+
+#: After the settling run: the longest wait for its queue to empty, then a batch's time for the one executing.
+DRAIN_S, LAST_BATCH_S = 0.4, 0.25
+
+
+def drain(port: int, model: str) -> None:
+    """Wait until the requests wrk abandoned at the end of a run have left the server (at most DRAIN_S +
+    LAST_BATCH_S, short of the tuner's 1-s idle). Without it the next run's clients arrive beside them, and the
+    tuner counts both populations for an instant: live, 32 clients read as 33 in the epoch of the switch, and a plan
+    for 33 clients took a limit of 64 that 32 never fill (run AE)."""
+    url = f"http://{HOST}:{port}/v2/models/{model}/batching"
+    deadline = time.perf_counter() + DRAIN_S
+    while get_json(url).get("queue_depth", 0) and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    time.sleep(LAST_BATCH_S)
 
 
 def solo_static(
