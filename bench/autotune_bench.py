@@ -1726,6 +1726,8 @@ def main() -> int:
     phases = [p for p in args.phases.split(",") if p]
     if unknown := set(phases) - set(PHASES) or set(cfg.models) - set(MODELS) or set(cfg.encodings) - set(ENCODINGS):
         parser.error(f"unknown {sorted(unknown)}: phases {PHASES}, models {MODELS}, encodings {ENCODINGS}")
+    if cfg.tuned_runs < 1:  # (the levels phase indexes each level's first autotuned run)
+        parser.error(f"--tuned-runs must be 1 or more, not {cfg.tuned_runs}")
     plan = plan_seconds(cfg, phases)
     print(f"settings: {asdict(cfg)}")
     print(
