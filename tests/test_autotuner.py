@@ -1280,8 +1280,8 @@ def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() ->
     """A fit over batches of 1-8 items through the origin (1.5 ms per item, no fixed cost) promises nothing from
     larger batches, so no plan tries them: live, 32 clients after a load step stayed at 8-item batches, 76% of the
     best static setting's items/s, as the line fitted over 1-8 items priced 64 at 89 ms. Sizes the clients could
-    fill, beyond twice the largest fitted, are measured once (a trial, given back if it loses; after an SLO break, the
-    new setting), not again within the fit's memory, and not for an open loop."""
+    fill, beyond twice the largest fitted, are measured once (a trial, given back if it loses; after an SLO break,
+    judged against the break's figures), not again within the fit's memory, and not for an open loop."""
     here = TuningParams(8, 0.004)
     reading = closed_reading(here, rate=660.0, mean_s=0.045, p99_s=0.048, utilization=0.99, peak_in_server=32)
     assert read_workload(reading).closed and read_workload(reading).clients == 32
@@ -1314,7 +1314,39 @@ def test_sizes_beyond_those_fitted_are_measured_once_before_being_ruled_out() ->
     broken = fitted(Autotuner(spec(50), here), 2.0)
     wide = broken._on_violation(replace(reading, p99_s=0.080), now=3.0)
     assert wide is not None and (wide.reason, wide.detail["knob"]) == ("slo-violation", "wider")
-    assert broken._incumbent == wide.params == TuningParams(32, 0.004)
+    assert broken.params == wide.params == TuningParams(32, 0.004) and broken._incumbent == here
+
+
+def test_a_wider_limit_tried_at_a_break_is_given_back_if_its_tail_is_longer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At an SLO break the wider limit is a trial judged against the break's figures: both missing the SLO, the lower
+    p99 stays. Live (run AE), textcls at 64 clients broke 16 / 2 ms at p99 63 ms (1,044 items/s, batches of 16), and
+    64 / 10 ms, made the incumbent, formed batches of 32 at p99 100 ms (737 items/s) and was held as infeasible, where
+    the oracle's 32 / 5 ms read p99 68-85 ms. Given back, its size is not tried again at the next break (the re-plan
+    answers it); a trial within the SLO, or with the lower tail, is kept."""
+    here, wide = TuningParams(16, 0.002), TuningParams(64, 0.010)
+    broke = closed_reading(here, rate=1044.0, mean_s=0.058, p99_s=0.063, utilization=0.82, peak_in_server=64)
+    broke = replace(broke, low_in_server=49, frontend_cpu_s=0.167e-3)
+    assert read_workload(broke).closed and read_workload(broke).clients == 64
+    lost = replace(broke, params=wide, items_per_s=737.0, arrival_rate=737.0, p99_s=0.100, mean_batch=32.0)
+
+    def judged(trial: Measurement) -> tuple[Autotuner, Decision | None]:
+        tuner = Autotuner(spec(50), here, cores=1)
+        for i, n in enumerate((4, 8, 16) * 12):
+            tuner.record_batch(n, 0.84e-3 * n, 1.0 + i * 0.02)
+        move = tuner._on_violation(broke, now=3.0)
+        assert move is not None and (move.reason, move.detail["knob"], move.params) == ("slo-violation", "wider", wide)
+        assert tuner.params == wide and tuner._incumbent == here  # a trial
+        assert tuner._epoch is not None
+        monkeypatch.setattr(tuner._epoch, "measure", lambda now, in_server=None: trial)
+        monkeypatch.setattr(tuner, "_epoch_done", lambda epoch, now: True)
+        return tuner, tuner.step(5.0)
+
+    tuner, back = judged(lost)
+    assert back is not None and (back.reason, back.params) == ("revert", here)
+    assert tuner._wider(broke, read_workload(broke), 6.0) is None  # not again at the next break
+    for kept in (replace(lost, p99_s=0.045), replace(lost, p99_s=0.055, items_per_s=1100.0)):
+        tuner, verdict = judged(kept)
+        assert tuner._incumbent == wide and (verdict is None or verdict.params == wide), verdict
 
 
 def test_a_load_step_onto_a_knee_reaches_the_best_static_setting() -> None:
