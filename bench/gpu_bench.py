@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table, tree_cpu_seconds
 
+from batchpilot.runtime.demo import batch_counts
 from batchpilot.runtime.demo_models import TextClassifier, write_model
 from batchpilot.spec.model import ModelSpec
 from batchpilot.testing.loadgen import build_request, run_load
@@ -244,12 +244,6 @@ def load(kind: str, name: str, port: int, seconds: float) -> tuple[int, int, flo
     return sum(r[0] for r in results), sum(r[1] for r in results), p99
 
 
-def stats(port: int, model: str) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats") as r:
-        s = json.loads(r.read())["model_stats"][0]
-    return s["inference_count"], s["execution_count"]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -287,11 +281,11 @@ def main() -> int:
                 for kind in ("REST binary", "gRPC"):
                     port = http if kind == "REST binary" else grpc_port
                     load(kind, name, port, 0.5 if args.smoke else 2.0)  # warm-up
-                    before, cpu0 = stats(http, name), tree_cpu_seconds(proc.pid)
+                    before, cpu0 = batch_counts(http, name), tree_cpu_seconds(proc.pid)
                     t0 = time.perf_counter()
                     ok, errors, p99 = load(kind, name, port, args.seconds)
                     elapsed = time.perf_counter() - t0
-                    after, cpu1 = stats(http, name), tree_cpu_seconds(proc.pid)
+                    after, cpu1 = batch_counts(http, name), tree_cpu_seconds(proc.pid)
                     items = after[0] - before[0]
                     mean_batch = items / max(1, after[1] - before[1])
                     served = ok / args.seconds

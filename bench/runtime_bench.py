@@ -13,12 +13,10 @@ Usage: .venv/bin/python bench/runtime_bench.py [--quick]   (needs perf_analyzer:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +37,7 @@ from common import (
 )
 from models import write_bench_models
 
+from batchpilot.runtime.demo import batch_counts
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
 from batchpilot.testing.perfa import PerfAnalyzerError, run_perf_analyzer
@@ -52,12 +51,6 @@ NLP_MEAN_LENGTH = 36
 KEEP_MARKER = "<!-- kept by runtime_bench.py: everything below -->"
 SERVED_RAW_TARGET = 0.9  # issue 13
 GAIN_TARGET = 0.9
-
-
-def stats(port: int, model: str) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats") as r:
-        s = json.loads(r.read())["model_stats"][0]
-    return s["inference_count"], s["execution_count"]
 
 
 def raw_section() -> dict[str, dict[int, float]]:
@@ -98,7 +91,7 @@ def sweep_section(repo: Path, work: Path, quick: bool, protocol: str = "http") -
             for model in ("resnet-mini", "textcls"):
                 rows = []
                 for c in levels:
-                    before = stats(port, model)
+                    before = batch_counts(port, model)
                     url = f"127.0.0.1:{port if protocol == 'http' else grpc_port}"
                     try:
                         row = run_perf_analyzer(model, url, protocol, [c, c, 1], [*data[model], *window])[0]
@@ -106,7 +99,7 @@ def sweep_section(repo: Path, work: Path, quick: bool, protocol: str = "http") -
                         print(f"  {model} c={c}: {str(exc).splitlines()[0][:80]}; retrying with -s 40", flush=True)
                         looser = ["-p", window[1], "-s", "40", "--max-trials", "10"]
                         row = run_perf_analyzer(model, url, protocol, [c, c, 1], [*data[model], *looser])[0]
-                    after = stats(port, model)
+                    after = batch_counts(port, model)
                     row["mean_batch"] = (after[0] - before[0]) / max(1, after[1] - before[1])
                     rows.append(row)
                     print(

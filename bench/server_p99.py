@@ -19,9 +19,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from common import bench_lock, process, process_cpu_seconds, static_specs, workloads, wrk
@@ -30,7 +28,7 @@ from peers_bench import batchpilot_command, batchpilot_specs
 from batchpilot.runtime.demo import batch_counts
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
 from batchpilot.runtime.repository import SPECS_ENV
-from batchpilot.testing.processes import free_port
+from batchpilot.testing.processes import free_port, get_json
 
 
 def model_specs(setting: str) -> str:
@@ -80,8 +78,7 @@ def main() -> int:
                 after, items_batches = process_cpu_seconds(server.pid), batch_counts(port, args.model)
                 batches = items_batches[1] - counts[1]
                 mean_batch = (items_batches[0] - counts[0]) / batches if batches else 0.0
-                with urllib.request.urlopen(f"{url}/batching", timeout=10) as reply:
-                    state = json.loads(reply.read())
+                state = get_json(f"{url}/batching", timeout_s=10)
                 used = ", ".join(f"{after[pid] - before.get(pid, 0.0):.2f}" for pid in sorted(after))
                 in_force = f"{state['max_batch_size']} / {state['max_queue_delay_microseconds'] / 1000:g} ms"
                 print(

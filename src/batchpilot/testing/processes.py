@@ -112,6 +112,6 @@ def ready_url(http: int) -> str:
     return f"http://127.0.0.1:{http}/v2/health/ready"
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def get_json(url: str, timeout_s: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.loads(response.read())
