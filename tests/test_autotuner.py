@@ -520,7 +520,7 @@ def test_batching_report_shows_the_prediction_beside_the_measurement() -> None:
     assert plan["predicted_items_per_s"] == pytest.approx(plan["measured_items_per_s"], rel=0.1)
     assert plan["predicted_p99_ms"] == pytest.approx(plan["measured_p99_ms"], rel=0.25)
     reasons = {d.reason for _, d in sim.decisions}
-    assert reasons <= {"plan", "probe", "revert", "slo-violation", "low-load"}, reasons
+    assert reasons <= {"plan", "probe", "revert", "trial-kept", "slo-violation", "low-load"}, reasons
     planned = [d for _, d in sim.decisions if d.reason == "plan"]
     assert planned and all("predicted_items_per_s" in d.detail for d in planned)
 
@@ -1346,7 +1346,32 @@ def test_a_wider_limit_tried_at_a_break_is_given_back_if_its_tail_is_longer(monk
     assert tuner._wider(broke, read_workload(broke), 6.0) is None  # not again at the next break
     for kept in (replace(lost, p99_s=0.045), replace(lost, p99_s=0.055, items_per_s=1100.0)):
         tuner, verdict = judged(kept)
-        assert tuner._incumbent == wide and (verdict is None or verdict.params == wide), verdict
+        assert tuner._incumbent == wide and verdict is not None, verdict
+        assert verdict.detail["incumbent_p99_ms"] == 63.0  # the line shows what it was judged against
+
+
+def test_a_kept_trial_is_one_log_line_beside_the_figures_it_was_judged_against(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial that holds up becomes the incumbent with a line of its own (`trial-kept`, knob `confirmed`, no change),
+    or, when a move follows at once, that move's line carries the old incumbent's figures. Live (run AF), textcls at
+    32 clients: a probe from 16 / 2 to 32 / 10 ms was kept and then declared infeasible on its next epoch, and the log
+    showed only the probe and the verdict at the probe's setting."""
+    here, probe = TuningParams(16, 0.002), TuningParams(32, 0.010)
+    inc = closed_reading(here, rate=935.0, mean_s=0.0317, p99_s=0.0388, utilization=0.81, peak_in_server=32)
+    inc = replace(inc, low_in_server=17, frontend_cpu_s=0.211e-3)
+    trial = replace(inc, params=probe, items_per_s=950.0, arrival_rate=950.0, p99_s=0.0420, largest_batch=16)
+    tuner = Autotuner(spec(50), here, cores=1)
+    for i in range(40):
+        tuner.record_batch(16, 0.89e-3 * 16, 1.0 + i * 0.02)
+    tuner._inc_meas = inc
+    assert tuner._move(probe, "probe:size", 2.0, {}) is not None
+    assert tuner._epoch is not None
+    monkeypatch.setattr(tuner._epoch, "measure", lambda now, in_server=None: trial)
+    monkeypatch.setattr(tuner, "_epoch_done", lambda epoch, now: True)
+    line = tuner.step(5.0)
+    assert line is not None and (line.reason, line.detail["knob"], line.changed) == ("trial-kept", "confirmed", False)
+    assert line.params == tuner.params == probe and tuner._incumbent == probe
+    assert (line.detail["p99_ms"], line.detail["incumbent_p99_ms"]) == (42.0, 38.8)
+    assert (line.detail["items_per_s"], line.detail["incumbent_items_per_s"]) == (950.0, 935.0)
 
 
 def test_a_load_step_onto_a_knee_reaches_the_best_static_setting() -> None:

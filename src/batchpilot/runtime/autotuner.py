@@ -126,7 +126,7 @@ IDLE_AFTER_S = 1.0  # nothing in the server and nothing arrived for this long: t
 @dataclass(frozen=True)
 class Decision:
     params: TuningParams
-    reason: str  # plan, probe, slo-violation, revert, settled, low-load, infeasible, feasible, ceiling
+    reason: str  # plan, probe, slo-violation, revert, trial-kept, low-load, infeasible, feasible, ceiling
     detail: dict[str, Any] = field(default_factory=dict)
     changed: bool = True  # False when only the SLO verdict flipped (reason infeasible or feasible)
 
@@ -367,8 +367,10 @@ class Autotuner:
                     self._lost_sizes.add(self._params.max_batch_size)  # the model misjudges this size
                 self._planned = None
                 return self._move(self._incumbent, "revert", now, self._figures(m))
+            was = self._inc_meas
             self._rejected.add(self._incumbent)
             self._incumbent, self._inc_meas = self._params, m
+            return self._confirmed(m, was, self._next(now))
         else:
             self._inc_meas = m
             if self._settled and (self._moved(m) or self._beside_moved()):
@@ -1198,13 +1200,28 @@ class Autotuner:
         self._incumbent, self._inc_meas, self._planned = self._params, m, None
         self._reopen()
         self._new_epoch(now)
-        detail = {
-            **self._figures(m),
-            "knob": "load-moved",
-            "incumbent_items_per_s": round(was.items_per_s, 2),
-            "incumbent_clients": read_workload(was).clients,
-        }
-        return Decision(self._params, "trial-kept", detail, changed=False)
+        return Decision(self._params, "trial-kept", self._beside_incumbent(m, was, "load-moved"), changed=False)
+
+    def _confirmed(self, m: Measurement, was: Measurement | None, then: Decision | None) -> Decision:
+        """A trial that held up against the incumbent, now the incumbent: its line (`trial-kept`, knob `confirmed`,
+        both epochs' figures), or the next move's with the incumbent's figures beside it. Without one, a kept trial
+        left no trace: live (run AF), a probe to 32 / 10 ms kept at 32 clients, then declared infeasible on its next
+        epoch, read in the log as a probe followed by a verdict at the probe's setting."""
+        beside = self._beside_incumbent(m, was, "confirmed")
+        if then is None:
+            return Decision(self._params, "trial-kept", beside, changed=False)
+        return replace(then, detail={**{k: v for k, v in beside.items() if k.startswith("incumbent")}, **then.detail})
+
+    def _beside_incumbent(self, m: Measurement, was: Measurement | None, knob: str) -> dict[str, Any]:
+        """A judged trial's figures beside those of the incumbent it was judged against."""
+        detail: dict[str, Any] = {**self._figures(m), "knob": knob}
+        if was is not None:
+            detail |= {
+                "incumbent_p99_ms": _ms(was.p99_s),
+                "incumbent_items_per_s": round(was.items_per_s, 2),
+                "incumbent_clients": read_workload(was).clients,
+            }
+        return detail
 
     def _verdict(self, m: Measurement, now: float) -> Decision | None:
         """Flip the SLO verdict on the incumbent's figures: infeasible when it misses the SLO once
