@@ -1548,8 +1548,8 @@ def plot_levels(results: dict[str, Any], path: Path) -> None:
             if any(not math.isnan(x) for p in paired for x in p):
                 mid = [float(np.mean(p)) for p in paired]
                 spread = [
-                    [m - min(p) for m, p in zip(mid, paired, strict=True)],
-                    [max(p) - m for m, p in zip(mid, paired, strict=True)],
+                    [x - min(p) for x, p in zip(mid, paired, strict=True)],
+                    [max(p) - x for x, p in zip(mid, paired, strict=True)],
                 ]
                 top.errorbar(
                     xs,

@@ -1200,28 +1200,19 @@ class Autotuner:
         self._incumbent, self._inc_meas, self._planned = self._params, m, None
         self._reopen()
         self._new_epoch(now)
-        return Decision(self._params, "trial-kept", self._beside_incumbent(m, was, "load-moved"), changed=False)
+        detail = {**self._figures(m), "knob": "load-moved", **_incumbent_figures(was)}
+        return Decision(self._params, "trial-kept", detail, changed=False)
 
     def _confirmed(self, m: Measurement, was: Measurement | None, then: Decision | None) -> Decision:
         """A trial that held up against the incumbent, now the incumbent: its line (`trial-kept`, knob `confirmed`,
         both epochs' figures), or the next move's with the incumbent's figures beside it. Without one, a kept trial
         left no trace: live (run AF), a probe to 32 / 10 ms kept at 32 clients, then declared infeasible on its next
         epoch, read in the log as a probe followed by a verdict at the probe's setting."""
-        beside = self._beside_incumbent(m, was, "confirmed")
+        beside = {} if was is None else _incumbent_figures(was)
         if then is None:
-            return Decision(self._params, "trial-kept", beside, changed=False)
-        return replace(then, detail={**{k: v for k, v in beside.items() if k.startswith("incumbent")}, **then.detail})
-
-    def _beside_incumbent(self, m: Measurement, was: Measurement | None, knob: str) -> dict[str, Any]:
-        """A judged trial's figures beside those of the incumbent it was judged against."""
-        detail: dict[str, Any] = {**self._figures(m), "knob": knob}
-        if was is not None:
-            detail |= {
-                "incumbent_p99_ms": _ms(was.p99_s),
-                "incumbent_items_per_s": round(was.items_per_s, 2),
-                "incumbent_clients": read_workload(was).clients,
-            }
-        return detail
+            detail = {**self._figures(m), "knob": "confirmed", **beside}
+            return Decision(self._params, "trial-kept", detail, changed=False)
+        return replace(then, detail={**beside, **then.detail})
 
     def _verdict(self, m: Measurement, now: float) -> Decision | None:
         """Flip the SLO verdict on the incumbent's figures: infeasible when it misses the SLO once
@@ -1459,6 +1450,15 @@ def _predicted(c: CandidatePrediction, w: Workload) -> dict[str, Any]:
         "think_ms": round(w.think_s * 1e3, 3) if math.isfinite(w.think_s) else None,
         "predicted_items_per_s": round(c.items_per_s, 2),
         "predicted_p99_ms": _ms(c.p99_s),
+    }
+
+
+def _incumbent_figures(was: Measurement) -> dict[str, Any]:
+    """The figures of the incumbent a trial was judged against, for the trial's log line."""
+    return {
+        "incumbent_p99_ms": _ms(was.p99_s),
+        "incumbent_items_per_s": round(was.items_per_s, 2),
+        "incumbent_clients": read_workload(was).clients,
     }
 
 
