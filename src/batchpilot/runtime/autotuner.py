@@ -652,8 +652,7 @@ class Autotuner:
         limit), else a doubled limit while full batches leave clients waiting (unless their groups stay `_apart`)."""
         p = self._params
         if self._short(p, m, w):
-            longer = self._longer(p, at_least=self._fill_time(p, m, w))
-            return None if longer is None else self._to_the_clients(longer, m, w)
+            return self._longer(self._to_the_clients(p, m, w), at_least=self._fill_time(p, m, w))
         if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size and not self._apart(m, w):
             return self._resized(p, 1)
         return None
@@ -684,9 +683,9 @@ class Autotuner:
 
     def _to_the_clients(self, p: TuningParams, m: Measurement, w: Workload) -> TuningParams:
         """`p` with its limit narrowed to a closed loop's clients (or the largest batch seen, if larger) when it lies
-        above them: a longer delay lets their groups merge, and the batch then leaves when the last of them is back
-        rather than waiting out the delay for items no one will send (live, textcls at 8 clients: 16 / 4 -> 16 / 8 ms
-        formed batches of 8 that each waited 8 ms, 378 items/s, given back; 8 / 9 ms served 835)."""
+        above them, before a longer delay: that delay lets their groups merge, and the batch then leaves when the last
+        of them is back rather than waiting out the delay for items no one will send (live, textcls at 8 clients: 16 /
+        4 -> 16 / 8 ms formed batches of 8 that each waited 8 ms, 378 items/s, given back; 8 / 9 ms served 835)."""
         if not w.closed:
             return p
         clients = max(w.clients, m.largest_batch)
@@ -699,8 +698,8 @@ class Autotuner:
         does not see: live at 32 clients, resnet-mini's 32 / 2 ms formed batches of 16 (815 items/s, p99 57 ms) where
         32 / 5 ms formed batches of 32 (1,062, p99 36.5), and every re-plan found nothing better than 32 / 2 ms. (With
         several cores the closed-loop plan simulates the clients' returns itself.)"""
-        longer = self._longer(self._incumbent) if self._short_on_one_core(m, w) else None
-        longer = None if longer is None else self._to_the_clients(longer, m, w)
+        short = self._short_on_one_core(m, w)
+        longer = self._longer(self._to_the_clients(self._incumbent, m, w)) if short else None
         if longer is not None and longer not in self._rejected:
             return self._move(longer, "probe:delay", now, self._figures(m))
         return self._settle(m, now)
