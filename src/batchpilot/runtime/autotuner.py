@@ -584,9 +584,23 @@ class Autotuner:
             # soak at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
             or (not w.closed and not self._idle(m))
         )
-        if short_of_capacity and self._capacity_to_spare(p, m, w):
-            return None  # a larger limit serves no more than the arrivals need: its batches only run longer
+        if short_of_capacity and (self._capacity_to_spare(p, m, w) or not self._doubling_pays(p, m)):
+            return None  # a larger limit serves no more than the arrivals need or this one: its batches run longer
         return self._resized(p, 1 if short_of_capacity else -1)
+
+    def _doubling_pays(self, p: TuningParams, m: Measurement) -> bool:
+        """Would full batches of twice `p`'s limit serve GAIN more items/s than full batches of it, by the fit as the
+        core serves them (`_open_fit`)? Where an item's time dominates a batch's, a doubled limit adds no capacity and
+        only lets a queue form batches that run twice as long, everything behind them waiting that out: live (run AH,
+        textcls at 95% load, an open loop), a break at 32 / 0 ms with full batches (0.94 ms of wall time an item, 1.0 a
+        batch, 0.36 of front-end: 64 serves 1.2% more) doubled the limit to 64, and the row held the SLO in 5 of 19
+        windows where 32 / 0 ms alone held 19 of 20. Unknown before a fit over several sizes: it pays."""
+        fit = self._fit()
+        if fit is None or fit.one_size:
+            return True
+        served = self._open_fit(m, fit)
+        n = p.max_batch_size
+        return 2 * n / max(served(2 * n), 1e-12) >= (1 + GAIN) * n / max(served(n), 1e-12)
 
     def _capacity_to_spare(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
         """Do an open loop's full batches of `p`'s limit serve more than OPEN_HEADROOM x over its arrivals (by the fit,
