@@ -1119,6 +1119,23 @@ def test_a_break_never_doubles_a_limit_whose_double_serves_no_more() -> None:
     assert Autotuner(spec(50), here, cores=1)._backoff(m) == TuningParams(64, 0.0)  # no fit: capacity unknown
 
 
+def test_an_slo_break_left_as_it_is_says_why() -> None:
+    """A break the tuner leaves as it is makes no decision, so no decision's line shows it: live (run AH), 8-23 s of
+    silence while an overloaded open loop's queue grew to 1,000 requests. The tuner says why (here its served rate
+    reads above the arrivals', a draining backlog); the next step clears it."""
+    here = TuningParams(16, 0.002)
+    tuner = Autotuner(spec(50), here)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=1800, items_per_s=1200.0, arrival_rate=1015.0, company_share=1.0,
+        mean_s=0.2, mean_se=0.01, mean_wait_s=0.18, p99_s=0.9, utilization=0.9, largest_batch=16, mean_batch=16.0,
+        full_share=1.0, peak_in_server=1038, in_server=1038,
+    )  # fmt: skip
+    assert tuner._on_violation(m, now=10.0) is None
+    assert tuner.unanswered_break == ("a backlog draining", m)
+    tuner.step(20.0)
+    assert tuner.unanswered_break is None
+
+
 def test_an_open_loop_break_that_the_window_absorbs_is_not_acted_on() -> None:
     """Two stalls 2.8 s apart (one batch takes 60 ms): each breaks its 1.5-s epoch, while the p99 over the last 10 s
     stays within the SLO. Such breaks are measured again, not backed off (live, runs N1 / N2: 16 / 2 ms broke epochs

@@ -172,6 +172,7 @@ class Autotuner:
         self._inline = inline_plans
         self._outstanding: _Outstanding | None = None
         self._replanned: Epoch | None = None  # the epoch whose SLO break was re-planned
+        self._unanswer: tuple[str, Measurement] | None = None  # why this step left an SLO break as it is, its figures
         self._strike: TuningParams | None = None  # kept once through an SLO break the plan could not better
         self._fruitless: dict[int, tuple[TuningParams, float]] = {}  # clients -> the setting a plan kept, when
         self._breaks: dict[TuningParams, float] = {}  # an open loop's settings that broke the SLO in a row: p99
@@ -337,6 +338,7 @@ class Autotuner:
 
     def step(self, now: float) -> Decision | None:
         """Run the policy; returns a Decision when the parameters (or the SLO verdict) change."""
+        self._unanswer = None
         if self._pending is not None:
             decision, self._pending = self._pending, None
             return decision
@@ -441,24 +443,26 @@ class Autotuner:
             self._rejected.add(self._params)
             self._planned = None
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
-        if trial or (not self._feasible and not (self._growing(m) and m.duration_s >= MEASURE_S)):
-            return None  # both miss: the trial is judged on p99 at its end; or a lost cause (that keeps pace)
+        if trial:
+            return self._unanswered("a trial: judged at its end", m)  # (both miss: on p99)
+        if not self._feasible and not (self._growing(m) and m.duration_s >= MEASURE_S):
+            return self._unanswered("infeasible: a lost cause that keeps pace", m)
         if self._others_trying and not self._severe(m):
-            return None  # another model's trial may be the cause: judged once it is over
+            return self._unanswered("another model's trial: judged once it is over", m)
         if m.items_per_s > DRAINING * m.arrival_rate:
             # A backlog (a burst, an earlier setting's queue) is draining: its answers break the SLO whatever
             # the setting, and a change now only costs pace (live: 3x open-loop step, re-plans every second
             # while the queue drained, p99 0.7 s).
-            return None
+            return self._unanswered("a backlog draining", m)
         if self._replanned is self._epoch:
-            return None  # one re-plan per epoch: on its way, or it found nothing better
+            return self._unanswered("re-planned this epoch", m)  # (on its way, or it found nothing better)
         if self._outstanding is not None and self._outstanding.incumbent == self._incumbent and not self._severe(m):
             # A search's plan for this setting is being solved: its answer comes first (the worker solves one plan at a
             # time, so a break's plan asked now would wait for it, then cost the core as much again; live, each of
             # textcls's breaks at 64 clients asked its plan 0.26 s after the search's, answered 2.4-3.5 s later).
-            return None
+            return self._unanswered("a plan for this setting being solved", m)
         if self._absorbed(m, now):
-            return None  # measured again as its answers come
+            return self._unanswered("absorbed by the window's tail", m)  # (measured again as its answers come)
         self._broke.add(self._incumbent)
         if (futile := self._futile(m, now)) is not None:
             return futile
@@ -519,6 +523,18 @@ class Autotuner:
         detail = {**self._figures(m), "knob": "held", "tails_ms": tails}
         return self._move(held, "infeasible", now, detail) or Decision(held, "infeasible", detail, changed=False)
 
+    def _unanswered(self, why: str, m: Measurement) -> Decision | None:
+        """No decision for this SLO break, and why (`unanswered_break`)."""
+        self._unanswer = (why, m)
+        return None
+
+    @property
+    def unanswered_break(self) -> tuple[str, Measurement] | None:
+        """Why the last step left an SLO break without a change (and the break's figures); None when it did not. Such
+        holds are no decision, so the log shows them only through this: live (run AH), 8-23 s of silence while an
+        overloaded open loop's queue grew to 1,000 requests and the queue's limit refused them."""
+        return self._unanswer
+
     def _severe(self, m: Measurement) -> bool:
         """An SLO break past measuring again: a tail over SEVERE x the SLO, or more arriving than served (a
         queue growing; whatever the load reads as: an overloaded open loop can pass for a closed one)."""
@@ -545,8 +561,8 @@ class Autotuner:
     def _back_off(self, m: Measurement, now: float) -> Decision | None:
         """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff`."""
         safer = self._backoff(m)
-        if safer is None:
-            return None  # nothing left to back off to: the search decides at the epoch's end
+        if safer is None:  # the search decides at the epoch's end
+            return self._unanswered("nothing to back off to", m)
         self._incumbent, self._inc_meas = safer, None
         self._reopen()
         return self._move(safer, "slo-violation", now, self._figures(m))

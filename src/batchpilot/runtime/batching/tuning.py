@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -27,6 +28,7 @@ from batchpilot.spec.contracts import AutotuneState
 from batchpilot.spec.model import ModelSpec
 
 log = logging.getLogger("batchpilot.tuning")
+UNANSWERED_LOG_S = 1.0  # an SLO break left as it is for the same reason is logged at most this often
 
 
 class StaticTuner(BatchObserver):
@@ -85,6 +87,7 @@ class AutoTuner(StaticTuner):
             spec.autotune, _clamp(params, spec), cores=available_cores(), inline_plans=worker is None, name=spec.name
         )
         self._asked: tuple[PlanJob, float] | None = None  # the plan handed to the worker, and when
+        self._unanswered: tuple[str, float] | None = None  # the last SLO break logged as left as it is: why, when
 
     # -- observer events ---------------------------------------------------------------------------
     def arrived(self, request: Pending) -> None:
@@ -144,7 +147,31 @@ class AutoTuner(StaticTuner):
                 **({"max_padding_waste": [old.max_padding_waste, waste]} if waste is not None else {}),
                 **{k: v for k, v in decision.detail.items() if isinstance(v, (int, float, str, bool))},
             )
+        else:
+            self._log_unanswered(now)
         return decision
+
+    def _log_unanswered(self, now: float) -> None:
+        """An SLO break the step left as it is: one line with the reason (`break-unanswered`), then at most one a
+        UNANSWERED_LOG_S for as long as the reason stays the same."""
+        held = self.autotuner.unanswered_break
+        if held is None:
+            return
+        why, m = held
+        last = self._unanswered
+        if last is not None and last[0] == why and now - last[1] < UNANSWERED_LOG_S:
+            return
+        self._unanswered = (why, now)
+        self._log(
+            "break-unanswered",
+            why=why,
+            max_batch_size=m.params.max_batch_size,
+            max_queue_delay_us=round(m.params.max_queue_delay_s * 1e6),
+            p99_ms=round(m.p99_s * 1e3, 3) if math.isfinite(m.p99_s) else None,
+            items_per_s=round(m.items_per_s, 2),
+            arrival_rate=round(m.arrival_rate, 2),
+            in_server=m.in_server,
+        )
 
     def _hand_out_plan(self, now: float) -> None:
         job = self.autotuner.plan_job
