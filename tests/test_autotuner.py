@@ -1063,6 +1063,18 @@ def test_an_open_loop_on_a_busy_core_keeps_the_delay_that_gathers_its_batches() 
     assert Autotuner(spec(50), here)._declare_infeasible(replace(m, utilization=0.4, own_cpu=0.45), 10.0).changed
 
 
+def fitted_tuner(
+    params: TuningParams, sizes: tuple[int, ...], *, wall: tuple[float, float], cpu: tuple[float, float]
+) -> Autotuner:
+    """A one-core tuner at `params` that has seen eight batches of each size, taking a * n + b seconds of wall
+    time and of CPU (`wall`, `cpu`: a, b)."""
+    tuner = Autotuner(spec(50), params, cores=1)
+    for i in range(8):
+        for n in sizes:
+            tuner.record_batch(n, wall[0] * n + wall[1], 10.0 + 0.1 * i, cpu_s=cpu[0] * n + cpu[1])
+    return tuner
+
+
 def test_an_open_loop_never_backs_off_to_a_larger_limit_whose_capacity_it_does_not_need() -> None:
     """Live, run N2 (resnet-mini, Poisson at 80% load, one core): breaks under 16 / 2 ms with batches of 7.7 doubled the
     limit to 32, then 64, and the row read p99 152 ms where 16 / 2 ms alone held 36. By the fit (1.2 ms of CPU an item
@@ -1079,11 +1091,7 @@ def test_an_open_loop_never_backs_off_to_a_larger_limit_whose_capacity_it_does_n
     assert not read_workload(m).closed
 
     def fitted() -> Autotuner:
-        tuner = Autotuner(spec(50), here, cores=1)
-        for i in range(8):
-            for n in (2, 4, 8, 16):
-                tuner.record_batch(n, 1.33e-3 * n + 3.06e-3, 10.0 + 0.1 * i, cpu_s=1.2e-3 * n + 2.8e-3)
-        return tuner
+        return fitted_tuner(here, (2, 4, 8, 16), wall=(1.33e-3, 3.06e-3), cpu=(1.2e-3, 2.8e-3))
 
     assert fitted()._backoff(m) is None
     assert fitted()._backoff(replace(m, arrival_rate=500.0)) == wider  # 93% of what batches of 16 serve
@@ -1106,11 +1114,7 @@ def test_a_break_never_doubles_a_limit_whose_double_serves_no_more() -> None:
     assert not read_workload(m).closed
 
     def fitted(params: TuningParams, a_s: float, b_s: float) -> Autotuner:
-        tuner = Autotuner(spec(50), params, cores=1)
-        for i in range(8):
-            for n in (4, 8, 16, 32):
-                tuner.record_batch(n, a_s * n + b_s, 10.0 + 0.1 * i, cpu_s=a_s * n + b_s)
-        return tuner
+        return fitted_tuner(params, (4, 8, 16, 32), wall=(a_s, b_s), cpu=(a_s, b_s))
 
     assert fitted(here, 0.94e-3, 1.0e-3)._backoff(m) is None
     assert fitted(here, 0.94e-3, 1.0e-3)._backoff(replace(m, frontend_cpu_s=None)) is None  # 1.6% more
