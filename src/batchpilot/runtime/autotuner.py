@@ -600,35 +600,37 @@ class Autotuner:
             # soak at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
             or (not w.closed and not self._idle(m))
         )
-        if short_of_capacity and (self._capacity_to_spare(p, m, w) or not self._doubling_pays(p, m)):
+        served = self._served_fit(m) if short_of_capacity else None
+        if served is not None and (self._capacity_to_spare(p, m, w, served) or not self._doubling_pays(p, served)):
             return None  # a larger limit serves no more than the arrivals need or this one: its batches run longer
         return self._resized(p, 1 if short_of_capacity else -1)
 
-    def _doubling_pays(self, p: TuningParams, m: Measurement) -> bool:
+    def _served_fit(self, m: Measurement) -> LatencyFit | None:
+        """d(n) as the core serves it (`_open_fit`), None before a fit over several sizes (where a doubled limit's
+        worth is unknown: the backoff doubles)."""
+        fit = self._fit()
+        return None if fit is None or fit.one_size else self._open_fit(m, fit)
+
+    def _doubling_pays(self, p: TuningParams, served: LatencyFit) -> bool:
         """Would full batches of twice `p`'s limit serve GAIN more items/s than full batches of it, by the fit as the
         core serves them (`_open_fit`)? Where an item's time dominates a batch's, a doubled limit adds no capacity and
         only lets a queue form batches that run twice as long, everything behind them waiting that out: live (run AH,
         textcls at 95% load, an open loop), a break at 32 / 0 ms with full batches (0.94 ms of wall time an item, 1.0 a
         batch, 0.36 of front-end: 64 serves 1.2% more) doubled the limit to 64, and the row held the SLO in 5 of 19
-        windows where 32 / 0 ms alone held 19 of 20. Unknown before a fit over several sizes: it pays."""
-        fit = self._fit()
-        if fit is None or fit.one_size:
-            return True
-        served = self._open_fit(m, fit)
+        windows where 32 / 0 ms alone held 19 of 20."""
         n = p.max_batch_size
         return 2 * n / max(served(2 * n), 1e-12) >= (1 + GAIN) * n / max(served(n), 1e-12)
 
-    def _capacity_to_spare(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
+    def _capacity_to_spare(self, p: TuningParams, m: Measurement, w: Workload, served: LatencyFit) -> bool:
         """Do an open loop's full batches of `p`'s limit serve more than OPEN_HEADROOM x over its arrivals (by the fit,
         as the core serves them: `_open_fit`), so that a doubled limit adds capacity no one needs? Its batches then only
         grow in a burst, each item of a batch answered after all of it: live (runs N2, O2, W1, resnet-mini at 80-95% of
         capacity, batches of 5-8 under 16 / 2 ms), breaks doubled the limit 16 -> 32 -> 64 within 1-3 s and the rows
         read p99 88-245 ms where 16 / 2 ms alone held 20-48 ms; d(n) there is 1.8 ms an item (front-end included) plus
-        3 ms a batch, so 64 serves 8% more than 16. Unknown before a fit over several sizes."""
-        fit = self._fit()
-        if w.closed or m.utilization >= BOTTLENECK or fit is None or fit.one_size:
+        3 ms a batch, so 64 serves 8% more than 16. `served`: `_served_fit`."""
+        if w.closed or m.utilization >= BOTTLENECK:
             return False  # (the fit may predate a slowdown that keeps the executor busy)
-        return not self._near_capacity(p, self._open_fit(m, fit), w)
+        return not self._near_capacity(p, served, w)
 
     def _open_fit(self, m: Measurement, fit: LatencyFit) -> LatencyFit:
         """An open loop's d(n) as its core serves it: on one core the executor's CPU fit with each item's front-end CPU

@@ -87,7 +87,7 @@ class AutoTuner(StaticTuner):
             spec.autotune, _clamp(params, spec), cores=available_cores(), inline_plans=worker is None, name=spec.name
         )
         self._asked: tuple[PlanJob, float] | None = None  # the plan handed to the worker, and when
-        self._unanswered: tuple[str, float] | None = None  # the last SLO break logged as left as it is: why, when
+        self._unanswered_logged: tuple[str, float] | None = None  # the last unanswered break logged: why, when
 
     # -- observer events ---------------------------------------------------------------------------
     def arrived(self, request: Pending) -> None:
@@ -158,10 +158,10 @@ class AutoTuner(StaticTuner):
         if held is None:
             return
         why, m = held
-        last = self._unanswered
+        last = self._unanswered_logged
         if last is not None and last[0] == why and now - last[1] < UNANSWERED_LOG_S:
             return
-        self._unanswered = (why, now)
+        self._unanswered_logged = (why, now)
         self._log(
             "break-unanswered",
             why=why,
