@@ -1123,6 +1123,78 @@ def test_a_break_never_doubles_a_limit_whose_double_serves_no_more() -> None:
     assert Autotuner(spec(50), here, cores=1)._backoff(m) == TuningParams(64, 0.0)  # no fit: capacity unknown
 
 
+def ah3_break(limit: int, **figures: float) -> Measurement:
+    """Run AH3's break at `limit` / 0 ms (textcls, Poisson at 95% load, one core): full batches, 1,000 requests
+    standing, the queue at its limit refusing a third of the arrivals."""
+    m = Measurement(
+        params=TuningParams(limit, 0.0), duration_s=1.5, completed=860, items_per_s=575.3, arrival_rate=759.0,
+        company_share=1.0, mean_s=1.35, mean_se=0.01, mean_wait_s=1.27, p99_s=1.515, utilization=0.918,
+        largest_batch=limit, mean_batch=float(limit), full_share=1.0, peak_in_server=1087, low_in_server=779,
+        frontend_cpu_s=0.369e-3, own_cpu=0.956, lag_ratio=0.6, in_server=1000, backlog_growth=0, refused_rate=337.0,
+    )  # fmt: skip
+    return replace(m, **figures)
+
+
+def run_ah3(tuner: Autotuner, per_item_ms: dict[int, float], at: float = 10.0) -> Autotuner:
+    """`tuner` after PACE_BATCHES full batches of each size, `per_item_ms` of wall time an item, under limits of
+    each size put in force."""
+    for n, ms in per_item_ms.items():
+        tuner._limits_put.setdefault(n, 0.0)
+        for i in range(20):
+            tuner.record_batch(n, n * ms * 1e-3, at + 0.01 * i, cpu_s=n * ms * 1e-3)
+    return tuner
+
+
+def test_a_break_at_a_limit_a_smaller_one_outpaced_goes_back_to_it() -> None:
+    """Live, run AH3 (textcls at 95% load, one core): the fit over 16 and 32 promised 64 11% more items/s; full
+    batches of 64 then took 102 ms (575 items/s) where those of 32 had taken 25 ms (1,123), and the limit was held at
+    64 with 700-1,050 requests standing. A break there goes back to 32 (measured on both sizes' batches; an infeasible
+    hold stays one), and no backoff doubles 32 again while 64's batches are remembered. Noise is no such evidence:
+    64's items 10% dearer (within SLOWER) keep the limit."""
+    slow = {32: 0.79, 64: 1.6}
+    tuner = run_ah3(Autotuner(spec(50), TuningParams(64, 0.0), cores=1), slow)
+    back = tuner._on_violation(ah3_break(64), now=12.0)
+    assert back is not None and back.params == TuningParams(32, 0.0)
+    assert (back.reason, back.detail["knob"]) == ("slo-violation", "outpaced")
+    assert back.detail["paces_items_per_s"]["32"] > 1.25 * back.detail["paces_items_per_s"]["64"]
+
+    held = run_ah3(Autotuner(spec(50), TuningParams(64, 0.0), cores=1), slow)
+    held._feasible = False
+    again = held._on_violation(ah3_break(64), now=12.0)
+    assert again is not None and again.params == TuningParams(32, 0.0) and not held.feasible
+
+    at_32 = run_ah3(Autotuner(spec(50), TuningParams(32, 0.0), cores=1), {16: 0.9, **slow})
+    assert at_32._backoff(ah3_break(32, items_per_s=1123.0, arrival_rate=1096.0, refused_rate=0.0)) is None
+    twin = run_ah3(Autotuner(spec(50), TuningParams(32, 0.0), cores=1), {16: 0.9, 32: 0.79})
+    assert twin._backoff(ah3_break(32, items_per_s=1123.0)) == TuningParams(64, 0.0)  # 64 unmeasured: the fit
+
+    close = run_ah3(Autotuner(spec(50), TuningParams(64, 0.0), cores=1), {32: 0.79, 64: 0.87})
+    assert close._outpaced(64, ah3_break(64)) is None
+
+
+def test_a_queue_that_refuses_arrivals_does_not_keep_pace() -> None:
+    """Live, run AH3: a queue at its limit admitted 759 req/s against 575 served and refused 337 more; read by its
+    admissions alone it kept pace, so the infeasible hold left every break alone for 20 s. Refusals count as arrivals,
+    and a queue that refuses grows whatever its count reads."""
+    tuner = Autotuner(spec(50), TuningParams(64, 0.0), cores=1)
+    tuner._feasible = False
+    capped = ah3_break(64, arrival_rate=600.0)
+    assert tuner._growing(capped) and tuner._queue_grows(capped)
+    assert not tuner._growing(replace(capped, refused_rate=0.0))
+    tuner._on_violation(capped, now=10.0)
+    assert tuner.unanswered_break is None or tuner.unanswered_break[0] != "infeasible: a lost cause that keeps pace"
+    tuner._on_violation(replace(capped, refused_rate=0.0, backlog_growth=None), now=10.0)
+    assert tuner.unanswered_break == (
+        "infeasible: a lost cause that keeps pace",
+        replace(capped, refused_rate=0.0, backlog_growth=None),
+    )
+
+    epoch = Epoch(TuningParams(64, 0.0), start=0.0, settled_at=1.0, slo_s=0.05)
+    epoch.add_refusal(3, 0.5)  # before it settled: not counted
+    epoch.add_refusal(4, 1.5)
+    assert epoch.measure(3.0).refused_rate == pytest.approx(2.0)
+
+
 def test_an_slo_break_left_as_it_is_says_why() -> None:
     """A break the tuner leaves as it is makes no decision, so no decision's line shows it: live (run AH), 8-23 s of
     silence while an overloaded open loop's queue grew to 1,000 requests. The tuner says why (here its served rate

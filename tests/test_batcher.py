@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from batchpilot.runtime.batching.batcher import Batcher
 from batchpilot.runtime.batching.device_turns import MAX_TURN_S, DeviceTurns
 from batchpilot.runtime.batching.executor import Executor
+from batchpilot.runtime.batching.observers import BatchObserver, Observers
 from batchpilot.runtime.errors import DeadlineExceeded, ModelFailed, Unavailable
 from batchpilot.runtime.metrics import RuntimeMetrics
 from batchpilot.spec.model import ModelSpec
@@ -213,10 +214,21 @@ async def test_full_queue_refuses_at_once_with_retry_after() -> None:
     accepted = [batcher.submit(vec(0))]
     await asyncio.sleep(0.01)  # the first one runs; two may wait
     accepted += [batcher.submit(vec(1)), batcher.submit(vec(2))]
+    told = Refusals()
+    batcher.observers = Observers([*batcher.observers.observers, told])
     with pytest.raises(Unavailable) as refused:
         batcher.submit(vec(3))
     assert "queue full" in refused.value.message and "retry-after" in refused.value.headers()
+    assert told.items == [1]  # (the autotuner counts it as an arrival its queue could not take)
     assert len(await asyncio.gather(*accepted)) == 3
+
+
+class Refusals(BatchObserver):
+    def __init__(self) -> None:
+        self.items: list[int] = []
+
+    def refused(self, n_items: int) -> None:
+        self.items.append(n_items)
 
 
 async def test_preserve_ordering_keeps_fifo_across_shapes() -> None:

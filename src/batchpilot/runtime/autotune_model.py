@@ -168,6 +168,7 @@ class Epoch:
     over_slo: int = 0
     items_done: int = 0
     items_arrived: int = 0
+    items_refused: int = 0  # arrivals the queue refused, full (not admitted: not in `items_arrived`)
     accompanied: int = 0  # items that arrived while others were in the server
     busy_s: float = 0.0
     largest_batch: int = 0
@@ -191,6 +192,10 @@ class Epoch:
             self.in_server_seen.append(in_server + n_items)
             if self.done_at:
                 self.lags.append(now - self.done_at[-1])
+
+    def add_refusal(self, n_items: int, now: float) -> None:
+        if now >= self.settled_at:
+            self.items_refused += n_items
 
     def add_cpu(self, reading: CpuReading) -> None:
         if reading.at < self.settled_at:
@@ -243,6 +248,7 @@ class Epoch:
             completed=len(self.latencies),
             items_per_s=self.items_done / duration,
             arrival_rate=self.items_arrived / duration,
+            refused_rate=self.items_refused / duration,
             company_share=self.accompanied / self.items_arrived if self.items_arrived else 0.0,
             mean_s=float(lat.mean()) if lat.size else math.inf,
             mean_se=float(lat.std() / math.sqrt(lat.size)) if lat.size > 1 else math.inf,
@@ -310,3 +316,4 @@ class Measurement:
     lag_ratio: float | None = None  # arrivals' time after the answers against chance (`lag_ratio`); None: untold
     in_server: int | None = None  # items in the server when measured (None: not told)
     backlog_growth: int | None = None  # of them, how many more than when the epoch settled
+    refused_rate: float = 0.0  # items/s the queue refused, full (beyond `arrival_rate`, which counts admissions)

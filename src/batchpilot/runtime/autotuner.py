@@ -120,6 +120,8 @@ BESIDE = 0.1  # share of the core other models take from which a model counts as
 SATURATED = 0.75  # ...and share of it busy (every model) from which the core counts as saturated
 FULL = 0.95  # a frugal loop's batches hold this share of its clients (or its limit): full
 LOAD_MOVED = 1.5  # a closed loop's population this many times another's is another load (a trial is not judged)
+PACE_BATCHES = 16  # recent batches of a size behind its measured pace (`_pace`)...
+SLOWER = 1.25  # ...and how much more items/s a smaller limit's must have served for a larger one to count as slower
 IDLE_AFTER_S = 1.0  # nothing in the server and nothing arrived for this long: the model takes none of the core
 
 
@@ -197,7 +199,8 @@ class Autotuner:
         self._lost_sizes: set[int] = set()  # sizes whose planned trial lost in this search
         self._trials = 0  # planned settings tried in this search
         self._probed = False
-        self._limits_put: dict[int, float] = {}  # size limits put in force (any move): when, the latest
+        # Size limits put in force (any move): when, the latest (the first, from ever).
+        self._limits_put: dict[int, float] = {self._incumbent.max_batch_size: -math.inf}
         self._planned: TuningParams | None = None  # the setting the last plan chose, while in force
         self._backoff_dir = 0  # +1 / -1: the size was last backed off up / down
         self._inc_meas: Measurement | None = None
@@ -258,6 +261,11 @@ class Autotuner:
         """The process's CPU clock (all threads) read now: what front-ends and other models cost. With other
         models in the process, what their executors had spent by now (CPU seconds, items; cumulative)."""
         self._epoch_at(now).add_cpu(CpuReading(now, process_cpu_s, others_exec_s, others_items))
+
+    def record_refusal(self, n_items: int, now: float) -> None:
+        """The queue refused a request, full: arrivals beyond what it admits (an overloaded open loop's queue capped by
+        its limit admits about what is served, so its admitted rate alone reads as keeping pace)."""
+        self._epoch_at(now).add_refusal(n_items, now)
 
     def record_drop(self, n_items: int, now: float) -> None:
         """Admitted items left without being executed (queue timeout, cancel, failed batch)."""
@@ -445,11 +453,13 @@ class Autotuner:
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
         if trial:
             return self._unanswered("a trial: judged at its end", m)  # (both miss: on p99)
+        if m.full_share >= FULL_SHARE and (k := self._outpaced(self._params.max_batch_size, m)) is not None:
+            return self._back_to(k, m, now)
         if not self._feasible and not (self._growing(m) and m.duration_s >= MEASURE_S):
             return self._unanswered("infeasible: a lost cause that keeps pace", m)
         if self._others_trying and not self._severe(m):
             return self._unanswered("another model's trial: judged once it is over", m)
-        if m.items_per_s > DRAINING * m.arrival_rate:
+        if m.items_per_s > DRAINING * _offered(m):
             # A backlog (a burst, an earlier setting's queue) is draining: its answers break the SLO whatever
             # the setting, and a change now only costs pace (live: 3x open-loop step, re-plans every second
             # while the queue drained, p99 0.7 s).
@@ -513,7 +523,11 @@ class Autotuner:
         # The largest limit among them, then the lowest tail: near capacity the queue's state, not the setting, sets
         # a short epoch's p99, and a small limit caps what the bursts need (live, a soak at 85% load held 4 / 10 and
         # 4 / 8 ms, read at 70 ms, over 16 / 0 ms at 89; their next breaks read 0.63-0.85 s).
-        held = min(self._breaks, key=lambda p: (-p.max_batch_size, self._breaks[p]))
+        # A limit a smaller one outpaced, last (`_outpaced`).
+        held = min(
+            self._breaks,
+            key=lambda p: (self._outpaced(p.max_batch_size, m) is not None, -p.max_batch_size, self._breaks[p]),
+        )
         tails = {f"{p.max_batch_size}/{p.max_queue_delay_s * 1e3:g}ms": _ms(t) for p, t in self._breaks.items()}
         self._breaks.clear()
         self._feasible = False
@@ -542,8 +556,11 @@ class Autotuner:
 
     @staticmethod
     def _growing(m: Measurement) -> bool:
-        """More arrives than is served: the queue grows (answered even when the SLO is a lost cause)."""
-        return m.arrival_rate > GROWING * m.items_per_s
+        """More arrives than is served, refusals counted: the queue grows (answered even when the SLO is a lost cause).
+        Live (run AH3, textcls at 95% load), a queue at its limit refused 34% of the arrivals and admitted 759 req/s
+        against 575 served: read without its refusals, it passed for keeping pace and a setting was held for 20 s with
+        700-1,050 requests standing."""
+        return _offered(m) > GROWING * m.items_per_s
 
     def _queue_grows(self, m: Measurement) -> bool:
         """`_growing`, told from chance: the violation checks read epochs as short as 0.1 s, where 5% more arrivals
@@ -551,6 +568,8 @@ class Autotuner:
         came with such a reading, each then backed off at once and towards larger batches). So the queue must also
         have risen since the epoch settled by more than two batches and two standard deviations of the arrival
         count, or hold twice the SLO's worth of work at the pace served. Without queue figures, the rates alone."""
+        if m.refused_rate > 0:
+            return True  # (the queue is full: past chance)
         if m.backlog_growth is None or m.in_server is None:
             return self._growing(m)
         if m.in_server > BACKLOG_SLOS * self._slo_s * m.items_per_s:
@@ -601,7 +620,7 @@ class Autotuner:
             or (not w.closed and not self._idle(m))
         )
         served = self._served_fit(m) if short_of_capacity else None
-        if served is not None and (self._capacity_to_spare(p, m, w, served) or not self._doubling_pays(p, served)):
+        if served is not None and (self._capacity_to_spare(p, m, w, served) or not self._doubling_pays(p, m, served)):
             return None  # a larger limit serves no more than the arrivals need or this one: its batches run longer
         return self._resized(p, 1 if short_of_capacity else -1)
 
@@ -611,15 +630,53 @@ class Autotuner:
         fit = self._fit()
         return None if fit is None or fit.one_size else self._open_fit(m, fit)
 
-    def _doubling_pays(self, p: TuningParams, served: LatencyFit) -> bool:
+    def _doubling_pays(self, p: TuningParams, m: Measurement, served: LatencyFit) -> bool:
         """Would full batches of twice `p`'s limit serve GAIN more items/s than full batches of it, by the fit as the
-        core serves them (`_open_fit`)? Where an item's time dominates a batch's, a doubled limit adds no capacity and
-        only lets a queue form batches that run twice as long, everything behind them waiting that out: live (run AH,
-        textcls at 95% load, an open loop), a break at 32 / 0 ms with full batches (0.94 ms of wall time an item, 1.0 a
-        batch, 0.36 of front-end: 64 serves 1.2% more) doubled the limit to 64, and the row held the SLO in 5 of 19
-        windows where 32 / 0 ms alone held 19 of 20."""
+        core serves them (`_open_fit`), short of a smaller limit's having outpaced them lately (`_outpaced`)? Where an
+        item's time dominates a batch's, a doubled limit adds no capacity and only lets a queue form batches that run
+        twice as long, everything behind them waiting that out: live (run AH, textcls at 95% load, an open loop), a
+        break at 32 / 0 ms with full batches (0.94 ms of wall time an item, 1.0 a batch, 0.36 of front-end: 64 serves
+        1.2% more) doubled the limit to 64, and the row held the SLO in 5 of 19 windows where 32 / 0 ms alone held 19 of
+        20."""
         n = p.max_batch_size
+        if self._outpaced(2 * n, m) is not None:
+            return False
         return 2 * n / max(served(2 * n), 1e-12) >= (1 + GAIN) * n / max(served(n), 1e-12)
+
+    def _pace(self, n: int, m: Measurement) -> float | None:
+        """Items/s of batches of `n` items as measured: `n` over the median wall time of its recent batches (at
+        least PACE_BATCHES within FIT_MEMORY_S of the latest batch), each item's front-end CPU added on one core (the
+        core runs both); None with fewer."""
+        horizon = self._last_batch_at - FIT_MEMORY_S
+        times = [d for t, d, _ in self._batches.get(n, ()) if t >= horizon]
+        if len(times) < PACE_BATCHES:
+            return None
+        front = (m.frontend_cpu_s or 0.0) if self._cores == 1 else 0.0
+        return n / max(float(np.median(times)) + n * front, 1e-12)
+
+    def _outpaced(self, n: int, m: Measurement) -> int | None:
+        """A smaller limit put in force lately whose batches, as measured (`_pace`), served SLOWER x the items/s of
+        batches of `n` (the fastest such); None when none did or `n`'s are unmeasured. A linear d(n) cannot see a
+        size whose items cost more as it grows: live (run AH3, textcls at 95% load, one core), the fit over 16 and 32
+        promised 64 11% more items/s, and full batches of 64 served 575 items/s (102 ms each) where those of 32 had
+        served 1,123 (25 ms); the limit was held at 64 with 700-1,050 requests standing for the row's last 20 s."""
+        mine = self._pace(n, m)
+        if mine is None:
+            return None
+        paces = {k: pace for k in self._limits_put if k < n and (pace := self._pace(k, m)) is not None}
+        fastest = max(paces, key=lambda k: paces[k], default=None)
+        return fastest if fastest is not None and paces[fastest] >= SLOWER * mine else None
+
+    def _back_to(self, k: int, m: Measurement, now: float) -> Decision | None:
+        """An SLO break at a limit whose batches a smaller limit `k`'s outpaced (`_outpaced`): back to `k`, whatever an
+        earlier backoff's direction; an infeasible hold stays one (at `k`)."""
+        n, back = self._params.max_batch_size, replace(self._incumbent, max_batch_size=k)
+        paces = {f"{size}": round(pace, 1) for size in (n, k) if (pace := self._pace(size, m)) is not None}
+        self._incumbent, self._inc_meas = back, None
+        self._backoff_dir = -1
+        if self._feasible:
+            self._reopen()
+        return self._move(back, "slo-violation:outpaced", now, {**self._figures(m), "paces_items_per_s": paces})
 
     def _capacity_to_spare(self, p: TuningParams, m: Measurement, w: Workload, served: LatencyFit) -> bool:
         """Do an open loop's full batches of `p`'s limit serve more than OPEN_HEADROOM x over its arrivals (by the fit,
@@ -686,7 +743,7 @@ class Autotuner:
         if self._short(p, m, w):
             return self._longer(self._to_the_clients(p, m, w), at_least=self._fill_time(p, m, w))
         if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size and not self._apart(m, w):
-            return self._resized(p, 1)
+            return None if self._outpaced(2 * p.max_batch_size, m) is not None else self._resized(p, 1)
         return None
 
     def _short(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
@@ -1053,10 +1110,11 @@ class Autotuner:
             if c.params not in self._rejected
             and c.params != self._incumbent
             and c.params.max_batch_size not in self._lost_sizes
+            and self._outpaced(c.params.max_batch_size, m) is None
             # An SLO break is never answered with less pace than the arrivals': in a closed loop a lower rate
             # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
             # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
-            and (not out.violation or c.items_per_s >= KEEP_PACE * m.arrival_rate)
+            and (not out.violation or c.items_per_s >= KEEP_PACE * _offered(m))
             # Nor with a setting that broke it since the SLO was last met: live (a soak at 85% load), a re-plan and
             # the backoff's delay drop alternated 4 / 10 <-> 4 / 0 ms every 2 s, each breaking it, as the queue grew
             # to a p99 of 1.85 s.
@@ -1422,6 +1480,7 @@ class Autotuner:
             "slo_ms": self._slo_s * 1e3,
             "items_per_s": round(m.items_per_s, 2),
             "arrival_rate": round(m.arrival_rate, 2),
+            **({"refused_rate": round(m.refused_rate, 2)} if m.refused_rate > 0 else {}),
             "utilization": round(m.utilization, 3),
             "mean_batch": round(m.mean_batch, 2),
             "core_own": round(m.own_cpu, 3),
@@ -1457,6 +1516,11 @@ class Autotuner:
         elapsed = now - epoch.settled_at
         enough = len(epoch.latencies) >= MIN_ANSWERS
         return (elapsed >= MEASURE_S and enough) or (elapsed >= MAX_MEASURE_S and len(epoch.latencies) >= 10)
+
+
+def _offered(m: Measurement) -> float:
+    """Items/s that arrived, admitted or refused by a full queue."""
+    return m.arrival_rate + m.refused_rate
 
 
 def _noise(m: Measurement, ref: Measurement) -> float:

@@ -136,8 +136,12 @@ class Batcher:
         if self.hung:
             raise Unavailable(f"model {self.spec.name!r} is unavailable: its last batch hangs", retry_after_s=5.0)
         queue, loop = self.queue, self.loop
-        queue.check_room(self._seconds_per_request)
         first = next(iter(inputs.values()))
+        try:
+            queue.check_room(self._seconds_per_request)
+        except Unavailable:
+            self.observers.refused(first.shape[0])
+            raise
         now = time.perf_counter()
         received = RECEIVED.get()
         request = Pending(

@@ -68,6 +68,9 @@ class BatchObserver:
     def dropped(self, request: Pending, outcome: str) -> None:
         pass
 
+    def refused(self, n_items: int) -> None:
+        """A request the queue refused, full (never admitted)."""
+
     def params_changed(self, params: TuningParams) -> None:
         pass
 
@@ -100,6 +103,7 @@ class Observers(BatchObserver):
             or type(o).finished is not BatchObserver.finished
         ]
         self._dropped = handlers("dropped")
+        self._refused = handlers("refused")
         self._params_changed = handlers("params_changed")
         self._tuned = handlers("tuned")
         self._health = handlers("health")
@@ -137,6 +141,10 @@ class Observers(BatchObserver):
     def dropped(self, request: Pending, outcome: str) -> None:
         for handler in self._dropped:
             handler(request, outcome)
+
+    def refused(self, n_items: int) -> None:
+        for handler in self._refused:
+            handler(n_items)
 
     def params_changed(self, params: TuningParams) -> None:
         for handler in self._params_changed:

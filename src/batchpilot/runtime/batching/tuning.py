@@ -122,6 +122,9 @@ class AutoTuner(StaticTuner):
         """An admitted request leaves without an answer: stop counting it as in flight."""
         self.autotuner.record_drop(request.n - request.finished, self.clock())
 
+    def refused(self, n_items: int) -> None:
+        self.autotuner.record_refusal(n_items, self.clock())
+
     # -- tuning ----------------------------------------------------------------------------------------
     def lower_ceiling(self, ceiling: int) -> TuningParams:
         self.autotuner.lower_ceiling(ceiling, self.clock())
