@@ -1156,7 +1156,7 @@ def test_a_break_at_a_limit_a_smaller_one_outpaced_goes_back_to_it() -> None:
     back = tuner._on_violation(ah3_break(64), now=12.0)
     assert back is not None and back.params == TuningParams(32, 0.0)
     assert (back.reason, back.detail["knob"]) == ("slo-violation", "outpaced")
-    assert back.detail["paces_items_per_s"]["32"] > 1.25 * back.detail["paces_items_per_s"]["64"]
+    assert back.detail["pace_before_items_per_s"] > 1.25 * back.detail["pace_items_per_s"]  # (scalars: logged)
 
     held = run_ah3(Autotuner(spec(50), TuningParams(64, 0.0), cores=1), slow)
     held._feasible = False

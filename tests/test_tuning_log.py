@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
-from batchpilot.runtime.autotune_model import Measurement
+from batchpilot.runtime.autotune_model import LatencyFit, Measurement
 from batchpilot.runtime.autotuner import Decision, TuningParams
 from batchpilot.runtime.batching.tuning import UNANSWERED_LOG_S, AutoTuner
+from batchpilot.runtime.plan_jobs import PlanJob, Solved
 from batchpilot.spec.model import ModelSpec
 
 HERE = TuningParams(16, 0.002)
@@ -62,3 +64,23 @@ def test_a_break_left_as_it_is_is_logged_with_its_reason_at_most_once_a_second(
         "event": 0, "model": "double", "why": "a backlog draining", "max_batch_size": 16, "max_queue_delay_us": 2000,
         "p99_ms": 900.0, "items_per_s": 1200.0, "arrival_rate": 1015.0, "in_server": 1038,
     }  # fmt: skip
+
+
+def test_a_break_a_plan_s_answer_leaves_as_it_is_is_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A break's plan is answered between two steps; when it finds nothing and nothing is left to back off to, the
+    break stays as it is, and the next step (which clears the reason) would never show it: the answer's own line does,
+    with the arrivals a full queue refused."""
+    tuner = AutoTuner(autotuned_spec(), HERE, clock=lambda: 5.0)
+    job = PlanJob("open", LatencyFit(1e-3, 1e-3), (HERE,), 0.045, 0.0, 2000, arrival_rate=1015.0)
+
+    def solved(answered: PlanJob, answer: Solved | None, now: float) -> None:
+        assert answered is job and answer is None
+        tuner.autotuner._unanswer = ("nothing to back off to", replace(breaking(0.9), refused_rate=300.0))
+
+    monkeypatch.setattr(tuner.autotuner, "plan_solved", solved)
+    with caplog.at_level(logging.INFO, logger="batchpilot.tuning"):
+        tuner._plan_answered(job, None)
+    lines = [json.loads(r.getMessage()) for r in caplog.records if "break-unanswered" in r.getMessage()]
+    assert [(x["why"], x["refused_rate"]) for x in lines] == [("nothing to back off to", 300.0)]

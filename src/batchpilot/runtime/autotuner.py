@@ -333,7 +333,9 @@ class Autotuner:
 
     def plan_solved(self, job: PlanJob, solved: Solved | None, now: float) -> None:
         """The answer to `job` (None: it failed or took too long). The next `step` returns the decision.
-        An answer to a plan no longer waited for (the setting changed meanwhile) is dropped."""
+        An answer to a plan no longer waited for (the setting changed meanwhile) is dropped. A break the answer leaves
+        as it is shows in `unanswered_break` until the next step."""
+        self._unanswer = None
         out = self._outstanding
         if out is None or out.job is not job:
             return
@@ -671,12 +673,12 @@ class Autotuner:
         """An SLO break at a limit whose batches a smaller limit `k`'s outpaced (`_outpaced`): back to `k`, whatever an
         earlier backoff's direction; an infeasible hold stays one (at `k`)."""
         n, back = self._params.max_batch_size, replace(self._incumbent, max_batch_size=k)
-        paces = {f"{size}": round(pace, 1) for size in (n, k) if (pace := self._pace(size, m)) is not None}
+        paces = {"pace_items_per_s": _rounded(self._pace(n, m)), "pace_before_items_per_s": _rounded(self._pace(k, m))}
         self._incumbent, self._inc_meas = back, None
         self._backoff_dir = -1
         if self._feasible:
             self._reopen()
-        return self._move(back, "slo-violation:outpaced", now, {**self._figures(m), "paces_items_per_s": paces})
+        return self._move(back, "slo-violation:outpaced", now, {**self._figures(m), **paces})
 
     def _capacity_to_spare(self, p: TuningParams, m: Measurement, w: Workload, served: LatencyFit) -> bool:
         """Do an open loop's full batches of `p`'s limit serve more than OPEN_HEADROOM x over its arrivals (by the fit,
@@ -1570,6 +1572,10 @@ def _incumbent_figures(was: Measurement) -> dict[str, Any]:
         "incumbent_items_per_s": round(was.items_per_s, 2),
         "incumbent_clients": read_workload(was).clients,
     }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def _ms(s: float) -> float | None:

@@ -173,6 +173,7 @@ class AutoTuner(StaticTuner):
             p99_ms=round(m.p99_s * 1e3, 3) if math.isfinite(m.p99_s) else None,
             items_per_s=round(m.items_per_s, 2),
             arrival_rate=round(m.arrival_rate, 2),
+            **({"refused_rate": round(m.refused_rate, 2)} if m.refused_rate > 0 else {}),
             in_server=m.in_server,
         )
 
@@ -192,6 +193,7 @@ class AutoTuner(StaticTuner):
         now = self.clock()
         self._log("plan-answered", after_s=round(now - self._asked[1], 2) if self._asked else None)
         self.autotuner.plan_solved(job, solved, now)
+        self._log_unanswered(now)  # (a break's plan that found nothing, with nothing to back off to)
 
     def _log(self, event: str, **fields: Any) -> None:
         """One JSON log line about this model's tuning."""
