@@ -6,7 +6,8 @@ waited `max_queue_delay`; one batch executes at a time and requests keep queuein
 the next batch forms during the current one and leaves, up to the size limit, when it is done.
 
 Arrivals are open-loop (Poisson) or closed-loop (each client sends its next request a think time
-after its previous answer). Batch execution takes d(n) = a*n + b seconds, optionally with noise.
+after its previous answer). Batch execution takes d(n) = a*n + b seconds (or, past a knee, more an
+item), optionally with noise.
 Every random draw comes from one seeded generator, and there is no wall clock: a run is a pure
 function of its inputs. An optional `Autotuner` is fed exactly what the batcher feeds it and
 stepped every `tick_s`; its decisions change the parameters in force.
@@ -41,6 +42,18 @@ class LinearLatency:
     def sample(self, n: int, rng: random.Random) -> float:
         d = self.mean(n)
         return d * math.exp(self.noise * rng.gauss(0.0, 1.0)) if self.noise else d
+
+
+@dataclass(frozen=True)
+class KneeLatency(LinearLatency):
+    """`LinearLatency` whose items past the `knee`-th of a batch cost `past_a_s` each instead of `a_s` (a batch that
+    outgrows a cache, or NLP batches that pad more as they grow): no line through sizes up to the knee foresees it."""
+
+    knee: int = 32
+    past_a_s: float = 0.0
+
+    def mean(self, n: int) -> float:
+        return self.a_s * min(n, self.knee) + self.past_a_s * max(n - self.knee, 0) + self.b_s
 
 
 @dataclass(frozen=True)
