@@ -1195,6 +1195,25 @@ def test_a_break_at_a_limit_a_smaller_one_outpaced_goes_back_to_it() -> None:
     close = run_ah3(Autotuner(spec(50), TuningParams(64, 0.0), cores=1), {32: 0.79, 64: 0.87})
     assert close._outpaced(64, ah3_break(64)) is None
 
+    # Nor does a break's plan pick the slower size, whatever it predicts for it (its d(n) is the same line).
+    def planned(per_item_ms: dict[int, float]) -> Decision | None:
+        here, wide = TuningParams(32, 0.0), TuningParams(64, 0.0)
+        tuner = run_ah3(Autotuner(spec(50), here, cores=1), per_item_ms)
+        m = ah3_break(32, items_per_s=1000.0, arrival_rate=1096.0, refused_rate=0.0, full_share=1.0)
+        fit = LatencyFit(0.66e-3, 5.3e-3)
+        preds = (
+            CandidatePrediction(here, 1000.0, 0.250, 0.12, 32.0, 0.95, False),
+            CandidatePrediction(wide, 1300.0, 0.030, 0.015, 60.0, 0.85, False),
+        )
+        job = PlanJob("open", fit, (here, wide), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
+        out = _Outstanding(job, fit, read_workload(m), m, here, violation=True)
+        return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=12.0)
+
+    picked = planned({16: 0.9, 32: 0.79, 64: 0.87})
+    assert picked is not None and picked.params == TuningParams(64, 0.0)  # (64 not measured slower: the plan's pick)
+    kept = planned({16: 0.9, **slow})
+    assert kept is None or kept.params.max_batch_size != 64
+
 
 def test_a_queue_that_refuses_arrivals_does_not_keep_pace() -> None:
     """Live, run AH3: a queue at its limit admitted 759 req/s against 575 served and refused 337 more; read by its

@@ -1116,13 +1116,14 @@ class Autotuner:
             return None
         frugal = self._frugal(m, w)
         fit_bound = self._fit_bound(w)
+        slower = {n for n in {c.params.max_batch_size for c in scaled} if self._outpaced(n, m) is not None}
         options = [
             c
             for c in scaled
             if c.params not in self._rejected
             and c.params != self._incumbent
             and c.params.max_batch_size not in self._lost_sizes
-            and self._outpaced(c.params.max_batch_size, m) is None
+            and c.params.max_batch_size not in slower
             # An SLO break is never answered with less pace than the arrivals': in a closed loop a lower rate
             # is a longer round trip for the same clients, and an open loop that looks closed (a queue as long
             # as its population: 95% load, live) would overflow (it did: p99 0.9 s after an 8 / 8 ms pick).
