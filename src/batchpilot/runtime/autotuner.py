@@ -621,8 +621,6 @@ class Autotuner:
             # soak at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
             or (not w.closed and not self._idle(m))
         )
-        if short_of_capacity and self._outpaced(2 * p.max_batch_size, m) is not None:
-            return None  # its batches served fewer items/s than this limit's, as measured
         served = self._served_fit(m) if short_of_capacity else None
         # By the fit, a larger limit serves no more than the arrivals need or than this one: its batches only run
         # longer. Not where the queue grows: the fit past the sizes measured is an extrapolation, and this setting is
@@ -634,7 +632,7 @@ class Autotuner:
             or (not self._queue_grows(m) and not self._doubling_pays(p, served))
         ):
             return None
-        return self._resized(p, 1 if short_of_capacity else -1)
+        return self._resized(p, 1 if short_of_capacity else -1, m)
 
     def _served_fit(self, m: Measurement) -> LatencyFit | None:
         """d(n) as the core serves it (`_open_fit`), None before a fit over several sizes (where a doubled limit's
@@ -656,8 +654,7 @@ class Autotuner:
         """Items/s of batches of `n` items as measured: `n` over the median wall time of its recent batches (at
         least PACE_BATCHES within FIT_MEMORY_S of the latest batch), each item's front-end CPU added on one core (the
         core runs both); None with fewer."""
-        horizon = self._last_batch_at - FIT_MEMORY_S
-        times = [d for t, d, _ in self._batches.get(n, ()) if t >= horizon]
+        times = self._recent_times(n)
         if len(times) < PACE_BATCHES:
             return None
         front = (m.frontend_cpu_s or 0.0) if self._cores == 1 else 0.0
@@ -707,12 +704,15 @@ class Autotuner:
         cpu_fit, f = _stretched(costs, self._unsimulated_share(m, ()))
         return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
 
-    def _resized(self, p: TuningParams, direction: int) -> TuningParams | None:
-        """`p` with its size doubled (+1) or halved (-1); None when that changes nothing or reverses an
-        earlier backoff before the search has settled again."""
+    def _resized(self, p: TuningParams, direction: int, m: Measurement) -> TuningParams | None:
+        """`p` with its size doubled (+1) or halved (-1); None when that changes nothing, reverses an
+        earlier backoff before the search has settled again, or doubles into a size whose batches a smaller limit's
+        outpaced, as measured (`_outpaced`)."""
         n = p.max_batch_size * 2 if direction > 0 else p.max_batch_size // 2
         safer = self._clip(replace(p, max_batch_size=n))
         if safer == p or direction == -self._backoff_dir:
+            return None
+        if direction > 0 and self._outpaced(safer.max_batch_size, m) is not None:
             return None
         self._backoff_dir = direction
         return safer
@@ -752,7 +752,7 @@ class Autotuner:
         if self._short(p, m, w):
             return self._longer(self._to_the_clients(p, m, w), at_least=self._fill_time(p, m, w))
         if m.full_share >= FULL_SHARE and w.clients > p.max_batch_size and not self._apart(m, w):
-            return None if self._outpaced(2 * p.max_batch_size, m) is not None else self._resized(p, 1)
+            return self._resized(p, 1, m)
         return None
 
     def _short(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
@@ -1437,14 +1437,19 @@ class Autotuner:
         (since `horizon`; by default FIT_MEMORY_S before the latest batch), once per batch. Keeping sizes
         apart keeps a fit over several sizes when one size has run alone for a while (a full batch every
         time); the median keeps out a slow first call or a preemption."""
-        if horizon is None:
-            horizon = self._last_batch_at - FIT_MEMORY_S
         rows = []
-        for n, q in self._batches.items():
-            times = [c if cpu else d for t, d, c in q if t >= horizon]
+        for n in self._batches:
+            times = self._recent_times(n, cpu, horizon)
             if times:
                 rows += [(n, x) for x in times] if raw else [(n, float(np.median(times)))] * len(times)
         return np.asarray(rows, dtype=float).reshape(-1, 2)
+
+    def _recent_times(self, n: int, cpu: bool = False, horizon: float | None = None) -> list[float]:
+        """Wall (or CPU) seconds of the latest batches of `n` items seen since `horizon` (by default FIT_MEMORY_S
+        before the latest batch)."""
+        if horizon is None:
+            horizon = self._last_batch_at - FIT_MEMORY_S
+        return [c if cpu else d for t, d, c in self._batches.get(n, ()) if t >= horizon]
 
     def _fit(self, cpu: bool = False) -> LatencyFit | None:
         """d(n) over the recent batches. When they are all of one size (a settled tuner's), the shape of
