@@ -1215,6 +1215,35 @@ def test_a_break_at_a_limit_a_smaller_one_outpaced_goes_back_to_it() -> None:
     assert kept is None or kept.params.max_batch_size != 64
 
 
+def test_a_limit_just_put_in_force_in_a_closed_loop_is_not_outpaced_on_its_first_batches() -> None:
+    """Live, run AJ (resnet-mini, a closed loop of 64 on one core): a break doubled 16 -> 32, and 32's first 8
+    batches read 491 items/s against 16's 648; the limit went back to 16 and stayed. In a closed loop, batches within
+    PACE_SETTLE_S of a limit's start are no measure of its pace; those after it are. An open loop's are."""
+
+    def at_32(first_ms: float, later_ms: float = 0.0) -> Autotuner:
+        tuner = run_ah3(Autotuner(spec(50), TuningParams(32, 0.002), cores=1), {16: 1.4}, at=3.0)
+        tuner._limits_put[32] = 10.0
+        for i in range(20):  # (within the settling time)
+            tuner.record_batch(32, 32 * first_ms * 1e-3, 10.0 + 0.05 * i, cpu_s=32 * first_ms * 1e-3)
+        for i in range(20 if later_ms else 0):
+            tuner.record_batch(32, 32 * later_ms * 1e-3, 12.5 + 0.05 * i, cpu_s=32 * later_ms * 1e-3)
+        return tuner
+
+    # 64 clients, all in the server, arriving as the answers leave (a closed loop).
+    closed = Measurement(
+        params=TuningParams(32, 0.002), duration_s=1.0, completed=500, items_per_s=500.0, arrival_rate=540.0,
+        company_share=1.0, mean_s=0.115, mean_se=0.002, mean_wait_s=0.058, p99_s=0.136, utilization=0.91,
+        largest_batch=32, mean_batch=32.0, full_share=1.0, peak_in_server=64, low_in_server=33,
+        frontend_cpu_s=0.18e-3, lag_ratio=0.12,
+    )  # fmt: skip
+    poisson = ah3_break(32, lag_ratio=1.0)  # (arrivals that ignore the answers: an open loop)
+    assert read_workload(closed).closed and not read_workload(poisson).closed
+    assert at_32(2.0)._outpaced(32, closed) is None  # 2.0 ms an item, but only on its first second's batches
+    assert at_32(2.0, 1.4)._outpaced(32, closed) is None
+    assert at_32(1.4, 2.0)._outpaced(32, closed) == 16  # slower once settled: outpaced
+    assert at_32(2.0)._outpaced(32, poisson) == 16  # an open loop's queue grows meanwhile: judged at once
+
+
 def test_a_queue_that_refuses_arrivals_does_not_keep_pace() -> None:
     """Live, run AH3: a queue at its limit admitted 759 req/s against 575 served and refused 337 more; read by its
     admissions alone it kept pace, so the infeasible hold left every break alone for 20 s. Refusals count as arrivals,
