@@ -1215,6 +1215,17 @@ def test_a_break_at_a_limit_a_smaller_one_outpaced_goes_back_to_it() -> None:
     assert kept is None or kept.params.max_batch_size != 64
 
 
+def aj_closed() -> Measurement:
+    """Run AJ's epoch at 32 / 2 ms (resnet-mini, 64 clients, all in the server, arriving as the answers leave: a
+    closed loop)."""
+    return Measurement(
+        params=TuningParams(32, 0.002), duration_s=1.0, completed=500, items_per_s=500.0, arrival_rate=540.0,
+        company_share=1.0, mean_s=0.115, mean_se=0.002, mean_wait_s=0.058, p99_s=0.136, utilization=0.91,
+        largest_batch=32, mean_batch=32.0, full_share=1.0, peak_in_server=64, low_in_server=33,
+        frontend_cpu_s=0.18e-3, lag_ratio=0.12,
+    )  # fmt: skip
+
+
 def test_a_limit_just_put_in_force_in_a_closed_loop_is_not_outpaced_on_its_first_batches() -> None:
     """Live, run AJ (resnet-mini, a closed loop of 64 on one core): a break doubled 16 -> 32, and 32's first 8
     batches read 491 items/s against 16's 648; the limit went back to 16 and stayed. In a closed loop, batches within
@@ -1229,19 +1240,41 @@ def test_a_limit_just_put_in_force_in_a_closed_loop_is_not_outpaced_on_its_first
             tuner.record_batch(32, 32 * later_ms * 1e-3, 12.5 + 0.05 * i, cpu_s=32 * later_ms * 1e-3)
         return tuner
 
-    # 64 clients, all in the server, arriving as the answers leave (a closed loop).
-    closed = Measurement(
-        params=TuningParams(32, 0.002), duration_s=1.0, completed=500, items_per_s=500.0, arrival_rate=540.0,
-        company_share=1.0, mean_s=0.115, mean_se=0.002, mean_wait_s=0.058, p99_s=0.136, utilization=0.91,
-        largest_batch=32, mean_batch=32.0, full_share=1.0, peak_in_server=64, low_in_server=33,
-        frontend_cpu_s=0.18e-3, lag_ratio=0.12,
-    )  # fmt: skip
+    closed = aj_closed()
     poisson = ah3_break(32, lag_ratio=1.0)  # (arrivals that ignore the answers: an open loop)
     assert read_workload(closed).closed and not read_workload(poisson).closed
     assert at_32(2.0)._outpaced(32, closed) is None  # 2.0 ms an item, but only on its first second's batches
     assert at_32(2.0, 1.4)._outpaced(32, closed) is None
     assert at_32(1.4, 2.0)._outpaced(32, closed) == 16  # slower once settled: outpaced
     assert at_32(2.0)._outpaced(32, poisson) == 16  # an open loop's queue grows meanwhile: judged at once
+
+
+def test_a_limit_faster_when_it_started_is_not_outpaced_when_the_host_slows_later() -> None:
+    """Live, run AK (textcls, a closed loop of 32 on one core): 32 / 10 ms was kept at 1,437 items/s over 16's 1,152;
+    14 s later one slow second (the process at 92% of the core, every batch a third slower) read 863, and the limit
+    went back to 16 for the rest of the row. A limit is judged on the better of its latest batches and its first
+    settled ones (measured beside the smaller limit's); one slower from its start is still sent back, and a limit put
+    in force again is measured afresh."""
+
+    def at_32(settled_ms: float, later_ms: float) -> Autotuner:
+        tuner = run_ah3(Autotuner(spec(50), TuningParams(32, 0.01), cores=1), {16: 0.9}, at=3.0)
+        tuner._limits_put[32] = 10.0
+        for start, ms in ((12.5, settled_ms), (24.0, later_ms)):
+            for i in range(20):
+                tuner.record_batch(32, 32 * ms * 1e-3, start + 0.05 * i, cpu_s=32 * ms * 1e-3)
+        return tuner
+
+    closed = replace(aj_closed(), params=TuningParams(32, 0.01), p99_s=0.052)
+    assert at_32(0.7, 1.2)._outpaced(32, closed) is None  # 0.7 ms an item beside 16's 0.9: the host slowed since
+    assert at_32(1.2, 1.2)._outpaced(32, closed) == 16  # slower from its start: outpaced
+    slowed = at_32(0.7, 1.2)
+    decision = slowed._on_violation(closed, now=25.0)
+    assert decision is None or decision.detail.get("knob") != "outpaced"
+
+    again = at_32(0.7, 1.2)
+    assert again._move(TuningParams(16, 0.01), "test", 25.0, {}) is not None
+    assert again._move(TuningParams(32, 0.01), "test", 26.0, {}) is not None  # 32 again: its first pace forgotten
+    assert again._outpaced(32, closed) == 16
 
 
 def test_a_queue_that_refuses_arrivals_does_not_keep_pace() -> None:
