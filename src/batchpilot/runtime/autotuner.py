@@ -216,10 +216,9 @@ class Autotuner:
         self._in_server = 0  # items arrived and not yet executed
         self._last_arrival_at = -math.inf
         self._batches: dict[int, deque[tuple[float, float, float]]] = {}  # size -> (time, wall s, CPU s)
-        # A limit's first PACE_BATCHES full batches past PACE_SETTLE_S of its latest start (their median wall time,
-        # once that many ran): its pace beside the limit it replaced (`_outpaced`).
-        self._settling: dict[int, list[float]] = {}
-        self._first_walls: dict[int, float] = {}
+        # Wall times of a limit's first PACE_BATCHES full batches past PACE_SETTLE_S of its latest start: its pace
+        # beside the limit it replaced (`_outpaced`).
+        self._first_walls: dict[int, list[float]] = {}
         self._last_batch_at = 0.0
         self._sizes_seen: dict[int, int] = {}
         self._answers: deque[tuple[float, float]] = deque()  # (time, latency) for snapshot()
@@ -682,13 +681,11 @@ class Autotuner:
     def _count_first_pace(self, size: int, wall_s: float, now: float) -> None:
         """Count a batch of `size` items towards its limit's first pace, if it is one past its settling time."""
         put = self._limits_put.get(size)
-        if put is None or size in self._first_walls or now < put + PACE_SETTLE_S:
+        if put is None or now < put + PACE_SETTLE_S:
             return
-        walls = self._settling.setdefault(size, [])
-        walls.append(wall_s)
-        if len(walls) >= PACE_BATCHES:
-            self._first_walls[size] = float(np.median(walls))
-            del self._settling[size]
+        walls = self._first_walls.setdefault(size, [])
+        if len(walls) < PACE_BATCHES:
+            walls.append(wall_s)
 
     def _outpaced(self, n: int, m: Measurement) -> int | None:
         """A smaller limit put in force lately whose batches, as measured (`_pace`), served SLOWER x the items/s of
@@ -699,12 +696,12 @@ class Autotuner:
         mine = self._pace(n, m)
         if mine is None:
             return None
-        if (first := self._first_walls.get(n)) is not None:
+        if len(first := self._first_walls.get(n, [])) >= PACE_BATCHES:
             # Judged on the better of its latest batches and its first settled ones, measured beside the smaller
             # limits' latest: a host that slowed since is no evidence against it. Live (run AK, textcls, a closed loop
             # of 32 on one core), 32 / 10 ms was kept at 1,437 items/s over 16's 1,152; 14 s later one slow second
             # (the process at 92% of the core, every batch a third slower) read 863, and the limit went back to 16.
-            mine = max(mine, self._items_per_s(n, first, m))
+            mine = max(mine, self._items_per_s(n, float(np.median(first)), m))
         paces = {k: pace for k in self._limits_put if k < n and (pace := self._pace(k, m)) is not None}
         fastest = max(paces, key=lambda k: paces[k], default=None)
         return fastest if fastest is not None and paces[fastest] >= SLOWER * mine else None
@@ -1523,7 +1520,6 @@ class Autotuner:
         self._new_epoch(now)
         self._limits_put[to.max_batch_size] = now
         self._first_walls.pop(to.max_batch_size, None)
-        self._settling.pop(to.max_batch_size, None)
         self._changes += 1
         return Decision(to, reason, detail)
 
