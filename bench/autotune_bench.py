@@ -21,8 +21,10 @@ Phases (--phases, comma-separated):
           The open-loop capacity = the highest Poisson rate at which that static setting holds p99 within the
           SLO with no refusals and no errors, found with this script's asyncio open-loop client: a search
           from the closed-loop throughput, down (or up) then bisecting, --cap-warmup-s + --cap-window-s per
-          probe, at most --cap-probes probes and --cap-budget-s seconds per model, every probe printed; or
-          given with --capacity MODEL=RPS (no search). The closed-loop figure is kept beside it.
+          probe, at most --cap-probes probes and --cap-budget-s seconds per model, every probe printed, the
+          rate found then held for --cap-confirm-s (lower after a failed window, at most --cap-confirm-tries:
+          a short probe passes rates a host holds only for seconds); or given with --capacity MODEL=RPS (no
+          search). The closed-loop figure is kept beside it.
   steps   autotuned, parameters polled every 0.5 s: closed loop 2 -> 32 -> 2 clients, open loop r -> 3r -> r
           (r a fraction of the open-loop capacity: the open phase's of this run, --capacity, or searched).
   two     both models in one server, each driven by its own closed-loop clients at once: autotuned pair
@@ -82,6 +84,7 @@ from common import (
     batchpilot_server_logged,
     bench_lock,
     closed_loop_timeline,
+    confirm_capacity,
     lag_text,
     machine,
     open_loop_capacity,
@@ -137,6 +140,8 @@ class Config:
     cap_window_s: float  # ...and its measured window
     cap_probes: int  # at most this many probes...
     cap_budget_s: float  # ...and no probe started that would end after this many seconds (per model)
+    cap_confirm_s: float  # the rate found then held for this long (0: not confirmed)...
+    cap_confirm_tries: int  # ...at most this many windows, each lower after a failed one
 
     @property
     def static_warm_s(self) -> int:
@@ -174,6 +179,8 @@ FULL = Config(
     cap_window_s=6.0,
     cap_probes=8,
     cap_budget_s=90.0,
+    cap_confirm_s=20.0,
+    cap_confirm_tries=3,
 )
 QUICK = replace(
     FULL,
@@ -198,6 +205,8 @@ QUICK = replace(
     cap_window_s=2.0,
     cap_probes=3,
     cap_budget_s=12.0,
+    cap_confirm_s=2.0,
+    cap_confirm_tries=1,
 )
 
 
@@ -721,6 +730,22 @@ def open_capacity(
         )
         found = search.rps is not None
         rps = search.rate
+        held = None
+        if found and cfg.cap_confirm_s > 0:
+            held = asyncio.run(
+                confirm_capacity(
+                    HOST,
+                    port,
+                    requests,
+                    rps,
+                    slo_ms=slo,
+                    window_s=cfg.cap_confirm_s,
+                    warmup_s=cfg.cap_warmup_s,
+                    tries=cfg.cap_confirm_tries,
+                    log=lambda line: print(line, flush=True),
+                )
+            )
+            rps = held.rate
         cap = base | {
             "rps": rps,
             "basis": "open-loop search",
@@ -728,8 +753,10 @@ def open_capacity(
             f"{search.seconds:.0f} s): the highest Poisson rate with p99 <= {slo:g} ms, no refusals, no errors"
             + ("" if found else " - NONE passed: the lowest rate tried, which failed")
             + ("" if not found or search.resolution_met else " (bracket not narrowed to 5%: probe limit or budget)")
-            + (f"; client behind (lag p99 > {LAG_LIMIT_MS:g} ms) in some probe" if search.client_behind else ""),
+            + (f"; client behind (lag p99 > {LAG_LIMIT_MS:g} ms) in some probe" if search.client_behind else "")
+            + (f"; {held.text()}" if held else ""),
             "search": search.dump(),
+            "confirmation": held.dump() if held else None,
         }
     OPEN_CAPACITY[model] = cap
     closed_text = f"{closed['rps']:.0f} req/s ({closed['source']})" if closed.get("rps") else closed["source"]
@@ -1305,8 +1332,15 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "asyncio open-loop client as the rows (a search from the closed-loop throughput: each probe "
         f"{cfg.get('cap_warmup_s', '?')} s of warm-up at its rate, then {cfg.get('cap_window_s', '?')} s judged on "
         "the requests scheduled in it, those answered after it included; down while probes fail, then bisecting to "
-        f"5%; at most {cfg.get('cap_probes', '?')} probes and {cfg.get('cap_budget_s', '?')} s per model), unless "
-        "given on the command line. The closed-loop figure (wrk; the levels oracle of the highest level, whose "
+        f"5%; at most {cfg.get('cap_probes', '?')} probes and {cfg.get('cap_budget_s', '?')} s per model"
+        + (
+            f"; the rate found then held for {cfg['cap_confirm_s']:g} s after the same warm-up, 5% lower (or 95% "
+            "of the answers per second that window achieved, when lower) after a failed window, at most "
+            f"{cfg['cap_confirm_tries']} window{'s' if cfg['cap_confirm_tries'] != 1 else ''}"
+            if cfg.get("cap_confirm_s")
+            else ""
+        )
+        + "), unless given on the command line. The closed-loop figure (wrk; the levels oracle of the highest level, whose "
         "setting the static server holds) is shown for reference only: an open loop queues what a closed loop "
         f"never offers. Capacity: {caps}. Each rate runs "
         f"{cfg['static_warm_s']} s (discarded) then {cfg['open_s']:g} s measured. Autotuned: a fresh server per "
@@ -1317,7 +1351,11 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         f"{LAG_LIMIT_MS:g} ms the row says client behind (the load generator, not the server, set the pace). "
         "Achieved = answers with status 200 per second; errors = non-200 answers by status and requests with no "
         "answer; unfinished = still unanswered 10 s after the last arrival."
-        + differing(op, "open_loads open_s settle_s client_encoding cap_warmup_s cap_window_s cap_probes cap_budget_s"),
+        + differing(
+            op,
+            "open_loads open_s settle_s client_encoding cap_warmup_s cap_window_s cap_probes cap_budget_s cap_confirm_s "
+            "cap_confirm_tries",
+        ),
         table(
             [
                 "model",
@@ -1760,6 +1798,7 @@ def plan_seconds(cfg: Config, phases: list[str]) -> dict[str, float]:
             + fresh * (SERVER_START_S + cfg.static_warm_s + cfg.tuned_s - cfg.settle_s + 2 * WRK_OVERHEAD_S)
         )
     search = min(cfg.cap_budget_s, cfg.cap_probes * (cfg.cap_warmup_s + cfg.cap_window_s + 0.5))  # at most
+    search += cfg.cap_confirm_tries * (cfg.cap_warmup_s + cfg.cap_confirm_s + 0.5) if cfg.cap_confirm_s else 0.0
     if "open" in phases:
         k = len(cfg.open_loads)
         plan["open"] = n_models * (

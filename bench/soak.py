@@ -10,7 +10,8 @@ benchmark's open-loop rows (bench/common.py open_loop_capacity):
      while they fail, then bisecting to 5%; at most --search-probes (8) probes and --search-budget (90 s);
      every probe printed;
   3. the rate found confirmed over one --capacity-window (60 s) window: if that window fails (p99 over the
-     SLO, a refusal or an error), the rate drops 5% and is confirmed again (at most --confirm-tries in all);
+     SLO, a refusal or an error), the rate drops 5% (or to 95% of the answers per second that window
+     achieved, when lower) and is confirmed again (at most --confirm-tries in all; common.confirm_capacity);
      the capacity is the confirmed rate (the last one tried, flagged, when none held). --capacity-window 0
      skips the confirmation.
 --capacity-basis closed keeps the older basis: the closed-loop throughput of --capacity-clients over
@@ -58,12 +59,10 @@ from bench.common import (  # noqa: E402 - benchmarks never overlap
     CLIENT_CPU,
     LAG_LIMIT_MS,
     SERVER_CPU,
-    Probe,
     bench_lock,
+    confirm_capacity,
     lag_text,
     open_loop_capacity,
-    open_loop_timeline,
-    probe_of,
 )
 
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository  # noqa: E402
@@ -180,24 +179,6 @@ def closed_loop(served: Served, requests: list[bytes], clients: int, seconds: fl
     return asyncio.run(run_load("127.0.0.1", served.http, requests, concurrency=clients, duration_s=seconds)).throughput
 
 
-def confirm(served: Served, requests: list[bytes], rate: float, args: argparse.Namespace, slo_ms: float) -> Probe:
-    """One --capacity-window window at `rate` (after --search-warmup at it), judged as a search probe."""
-    began = time.perf_counter()
-    t = asyncio.run(
-        open_loop_timeline(
-            "127.0.0.1", served.http, requests, [(args.search_warmup, rate), (args.capacity_window, rate)], seed=99
-        )
-    )
-    p = probe_of(t, rate, slo_ms, time.perf_counter() - began)
-    print(
-        f"    confirmation over {args.capacity_window:g} s at {rate:.0f}/s: p99 {p.p99_ms:.1f} ms, "
-        f"{p.arrivals} arrivals, refused {p.refused}, errors {p.errors}, client lag p99 {lag_text(p.lag_p99_ms)} ms: "
-        f"{'pass' if p.passed else 'FAIL'}",
-        flush=True,
-    )
-    return p
-
-
 def open_capacity(repository: Path, tmp: Path, args: argparse.Namespace, slo_ms: float) -> tuple[float, float, str]:
     """(open-loop capacity, closed-loop reference, how the capacity was found), on a static server."""
     size, delay = args.static
@@ -232,14 +213,21 @@ def open_capacity(repository: Path, tmp: Path, args: argparse.Namespace, slo_ms:
             + ("" if not found or search.resolution_met else ", bracket not narrowed to 5%")
         )
         if args.capacity_window > 0 and found:
-            for i in range(args.confirm_tries):
-                if confirm(served, reqs, rate, args, slo_ms).passed:
-                    how += f", confirmed over {args.capacity_window:g} s"
-                    break
-                if i + 1 < args.confirm_tries:
-                    rate *= 0.95
-            else:
-                how += f", NOT confirmed over {args.capacity_window:g} s (the last rate tried)"
+            held = asyncio.run(
+                confirm_capacity(
+                    "127.0.0.1",
+                    served.http,
+                    reqs,
+                    rate,
+                    slo_ms=slo_ms,
+                    window_s=args.capacity_window,
+                    warmup_s=args.search_warmup,
+                    tries=args.confirm_tries,
+                    log=lambda line: print(line, flush=True),
+                )
+            )
+            rate = held.rate
+            how += f", {held.text()}"
         if search.client_behind:
             how += f"; client behind (lag p99 > {LAG_LIMIT_MS:g} ms) in some probe"
     return rate, closed, how
