@@ -141,3 +141,26 @@ def test_no_budget_trial_starts_from_an_epoch_over_the_slo() -> None:
     assert within is not None and within.detail["knob"] == "padding" and within.params.max_padding_waste
     over = answered(0.250)  # (settled: the search's verdict on it)
     assert over is None or over.params == here
+
+
+def test_a_budget_trial_stays_only_if_it_costs_the_executor_less_per_item() -> None:
+    """Run AM's soak (textcls, open loop at 85% load): the budget 0.25 -> 0.5 was kept at 1.50 ms of executor time
+    per item against the incumbent's 1.36 (its items/s follow the arrivals, its p99 within the tail's slack), and the
+    executor, 73-92% busy from then on, broke the SLO in most epochs. A budget tried alone is kept only on the gain it
+    was tried for; a size or delay trial is judged as before."""
+    here = TuningParams(16, 0.002, 0.25)
+    tuner = Autotuner(AutotuneSpec(enabled=True, latency_slo_p99_ms=50.0), here)
+
+    def epoch(params: TuningParams, items_per_s: float, utilization: float, p99_s: float) -> Measurement:
+        return Measurement(
+            params=params, duration_s=1.8, completed=int(1.8 * items_per_s), items_per_s=items_per_s,
+            arrival_rate=items_per_s, company_share=0.7, mean_s=0.009, mean_se=0.0005, mean_wait_s=0.003,
+            p99_s=p99_s, utilization=utilization, largest_batch=16, mean_batch=3.0, lag_ratio=1.1,
+        )  # fmt: skip
+
+    incumbent = epoch(here, 506.8, 0.688, 0.0224)  # the soak's figures, as logged
+    wider = TuningParams(16, 0.002, 0.5)
+    assert not tuner._confirms(epoch(wider, 491.7, 0.731, 0.0277), incumbent)  # 1.49 ms per item vs 1.36: lost
+    assert tuner._confirms(epoch(wider, 491.7, 0.620, 0.0277), incumbent)  # 1.26 ms per item: the gain, kept
+    # The same figures for a delay trial: the old rule (items/s within the noise, p99 within the tail's slack).
+    assert tuner._confirms(epoch(TuningParams(16, 0.004, 0.25), 491.7, 0.731, 0.0277), incumbent)
