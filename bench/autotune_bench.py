@@ -742,7 +742,6 @@ def open_capacity(
                     window_s=cfg.cap_confirm_s,
                     warmup_s=cfg.cap_warmup_s,
                     tries=cfg.cap_confirm_tries,
-                    log=lambda line: print(line, flush=True),
                 )
             )
             rps = held.rate

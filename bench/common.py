@@ -469,6 +469,11 @@ LAG_LIMIT_MS = (
 )
 
 
+def say(line: str) -> None:
+    """Print a progress line at once (benchmarks' output is often a file someone is watching)."""
+    print(line, flush=True)
+
+
 def lag_text(lag_p99_ms: float) -> str:
     """A run's client lateness p99 for a table, flagged when the client fell behind."""
     return f"{lag_p99_ms:.1f}" + (" (client behind)" if lag_p99_ms > LAG_LIMIT_MS else "")
@@ -544,7 +549,7 @@ async def open_loop_capacity(
     max_probes: int = 8,
     resolution: float = 0.05,
     drain_s: float = 2.0,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = say,
 ) -> CapacitySearch:
     """The highest Poisson arrival rate at which the server, as it is set up now, holds p99 (from the scheduled
     arrival) within `slo_ms` with no refusals and no errors, found with the open-loop client of the open-loop
@@ -620,7 +625,7 @@ async def confirm_capacity(
     window_s: float,
     warmup_s: float = 2.0,
     tries: int = 2,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = say,
 ) -> Confirmation:
     """Hold a searched capacity for one `window_s` window (after `warmup_s` at it), judged as a search probe. A
     search probe is short, and a host that ran fast for its few seconds passes a rate it does not hold for a

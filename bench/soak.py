@@ -224,7 +224,6 @@ def open_capacity(repository: Path, tmp: Path, args: argparse.Namespace, slo_ms:
                     window_s=args.capacity_window,
                     warmup_s=args.search_warmup,
                     tries=args.confirm_tries,
-                    log=lambda line: print(line, flush=True),
                 )
             )
             rate = held.rate
