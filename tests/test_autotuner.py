@@ -2046,6 +2046,36 @@ def test_a_trial_judged_while_the_load_moved_stays_without_a_verdict() -> None:
     assert Autotuner._load_changed(fallen, inc)
 
 
+def test_a_trial_after_an_epoch_that_spanned_a_fall_in_clients_is_not_judged_against_it() -> None:
+    """Run AN's textcls, 32 clients down to 2: the incumbent's epoch (32 / 8 ms) spanned the step, its peak 32 in the
+    server and its arrivals read as open; the plan's 8 / 1 ms then served 429 items/s at 2 clients against that
+    epoch's 499 and was given back (its next epoch at 32 / 8 ms: 162). Two clients in a closed loop never put 32 in
+    the server, so the load moved. Not where the open reading's peak is the closed loop's own population (a closed
+    loop near capacity can read as open)."""
+    inc = Measurement(
+        params=TuningParams(32, 0.008), duration_s=1.5, completed=748, items_per_s=498.94, arrival_rate=479.04,
+        company_share=0.9, mean_s=0.0131, mean_se=0.001, mean_wait_s=0.002, p99_s=0.0214, utilization=0.315,
+        largest_batch=32, mean_batch=6.21, full_share=0.1, peak_in_server=32, low_in_server=1, lag_ratio=0.23,
+    )  # fmt: skip
+    trial = Measurement(
+        params=TuningParams(8, 0.001), duration_s=1.5, completed=643, items_per_s=429.05, arrival_rate=428.46,
+        company_share=0.5, mean_s=0.0043, mean_se=0.0002, mean_wait_s=0.0015, p99_s=0.0123, utilization=0.59,
+        largest_batch=2, mean_batch=1.76, full_share=0.0, peak_in_server=2, low_in_server=1, lag_ratio=0.32,
+    )  # fmt: skip
+    assert not read_workload(inc).closed and read_workload(trial).closed and read_workload(trial).clients == 2
+    tuner = Autotuner(spec(50), inc.params, cores=1)
+    assert not tuner._confirms(trial, inc)  # judged against the spanning epoch it would be given back
+    assert Autotuner._load_changed(trial, inc) and Autotuner._load_changed(inc, trial)
+    near = replace(inc, peak_in_server=2, lag_ratio=1.2)  # open by its reading, no more in it than the 2 clients
+    assert not read_workload(near).closed
+    assert not Autotuner._load_changed(trial, near)
+    full = closed_reading(TuningParams(32, 0.008), rate=1150.0, mean_s=0.027, p99_s=0.033, utilization=1.0,
+                          peak_in_server=32)  # fmt: skip
+    as_open = replace(full, lag_ratio=1.0, low_in_server=1, mean_batch=16.0, largest_batch=32)
+    assert not read_workload(as_open).closed and read_workload(as_open).clients == 32
+    assert not Autotuner._load_changed(as_open, full)  # 32 clients read as open: the same population
+
+
 def test_a_trial_the_load_steps_under_is_not_given_back_on_the_simulator() -> None:
     """The same in the closed loop: 32 clients, a trial begins, the population drops to 4 before its epoch ends. The
     trial's end brings no revert (its figures at 4 clients against the incumbent's at 32 would read as a loss) but a
