@@ -1343,10 +1343,10 @@ class Autotuner:
         tw, iw = read_workload(t), read_workload(inc)
         if tw.closed != iw.closed:
             closed, other = (tw, iw) if tw.closed else (iw, tw)
-            return other.clients >= LOAD_MOVED * closed.clients and other.clients - closed.clients >= 2
+            return _more_clients(other.clients, closed.clients)
         if tw.closed:
             few, many = sorted((tw.clients, iw.clients))
-            return many >= LOAD_MOVED * few and many - few >= 2
+            return _more_clients(many, few)
         return _rate_moved(t, inc)
 
     def _judged_elsewhere(self, m: Measurement, was: Measurement, now: float) -> Decision:
@@ -1595,6 +1595,11 @@ def _cheaper(m: Measurement, ref: Measurement) -> bool:
 def _noise(m: Measurement, ref: Measurement) -> float:
     """The relative noise of comparing two epochs' means: 3 / sqrt(answers) of the smaller."""
     return 3.0 / math.sqrt(max(1, min(m.completed, ref.completed)))
+
+
+def _more_clients(many: int, few: int) -> bool:
+    """Is a population of `many` in the server another load than `few` clients: LOAD_MOVED x it and two more?"""
+    return many >= LOAD_MOVED * few and many - few >= 2
 
 
 def _rate_moved(m: Measurement, ref: Measurement) -> bool:
