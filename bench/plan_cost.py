@@ -35,27 +35,16 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from autotune_bench import HOST, client_requests, server, solo_repository, spec_doc, specs_env
-from common import CLIENT_CPU, bench_lock, closed_loop_timeline, process_cpu_seconds, table
+from autotune_bench import HOST, client_requests, solo_repository, spec_doc, specs_env
+from common import CLIENT_CPU, SERVER_CPU, bench_lock, closed_loop_timeline, pinned, process_cpu_seconds, table
 
 from batchpilot.runtime.demo_models import build_demo_modules, write_demo_repository
+from batchpilot.testing.processes import child_process, free_port, ready_url, serve_command
 
 SCHEDULE = ((10.0, 2), (20.0, 32), (10.0, 2))
+SECONDS = int(sum(s for s, _ in SCHEDULE))
 STEP = (10, 20, 30)  # the 32-client step's seconds: its first 10 s (10-20) and its last 10 s (20-30)
 SLO_MS = 50.0
-
-
-def server_pid(port: int) -> int:
-    """The `batchpilot serve` process listening on `port` (found by its command line)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"serve" in args and b"--http-port" in args and args[args.index(b"--http-port") + 1] == b"%d" % port:
-                return int(entry)
-    raise RuntimeError(f"no server process found for port {port}")
 
 
 @contextmanager
@@ -80,29 +69,30 @@ def cpu_sampler(root: int) -> Iterator[list[tuple[float, dict[int, float]]]]:
 
 def per_second_cpu(samples: list[tuple[float, dict[int, float]]], pids: set[int], t0: float) -> list[float]:
     """CPU seconds per wall second of the processes `pids`, per second since `t0`."""
-    seconds = int(sum(s for s, _ in SCHEDULE))
-    out = [0.0] * seconds
+    out = [0.0] * SECONDS
     for (a, before), (b, after) in itertools.pairwise(samples):
         used = sum(after.get(p, 0.0) - before.get(p, 0.0) for p in pids)
         k = int((a + b) / 2 - t0)
-        if 0 <= k < seconds:
+        if 0 <= k < SECONDS:
             out[k] += used / max(b - a, 1e-9)
     return out
 
 
 def run_arm(repo: Path, work: Path, model: str, doc: dict[str, Any], log: Path) -> dict[str, Any]:
     solo = solo_repository(repo, work, model)
-    with server(solo, env=specs_env(doc), log=log) as port:
-        root = server_pid(port)
+    port, grpc_port = free_port(), free_port()
+    command = pinned(SERVER_CPU, serve_command(solo, port, grpc_port, "--torch-threads", "1", log_level="INFO"))
+    with child_process(command, ready_url(port), env=specs_env(doc), log_path=log) as proc:
+        root = proc.pid  # (taskset execs the server: the same process)
         requests = client_requests(model, "binary", port)
         t0 = time.perf_counter()
         with cpu_sampler(root) as samples:
             timeline = asyncio.run(closed_loop_timeline(HOST, port, requests, list(SCHEDULE), t0=t0))
         workers = set(samples[-1][1]) - {root} if samples else set()
-    answers = np.bincount(timeline.done_s.astype(int), minlength=int(sum(s for s, _ in SCHEDULE)))
+    answers = np.bincount(timeline.done_s.astype(int), minlength=SECONDS)
     plans = sum('"event": "plan-asked"' in line for line in log.read_text().splitlines())
     return {
-        "answers_per_s": answers[: int(sum(s for s, _ in SCHEDULE))].tolist(),
+        "answers_per_s": answers[:SECONDS].tolist(),
         "server_cpu_per_s": per_second_cpu(samples, {root}, t0),
         "worker_cpu_per_s": per_second_cpu(samples, workers, t0),
         "plans": plans,
@@ -176,12 +166,10 @@ def main() -> int:
             arms: dict[str, list[dict[str, Any]]] = {"static": [], "autotuned": []}
             for i in range(args.repeats):  # interleaved, so a drifting host hits both arms alike
                 for arm in arms:
-                    static = arm == "static"
-                    doc = (
-                        spec_doc(specs[model], static=(size, delay))
-                        if static
-                        else spec_doc(specs[model], slo_ms=SLO_MS)
-                    )
+                    if arm == "static":
+                        doc = spec_doc(specs[model], static=(size, delay))
+                    else:
+                        doc = spec_doc(specs[model], slo_ms=SLO_MS)
                     print(f"== {model} {arm} run {i + 1}", flush=True)
                     arms[arm].append(run_arm(repo, work, model, doc, args.out / f"{model}-{arm}-{i + 1}.log"))
             results[model] = arms
