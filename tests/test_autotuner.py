@@ -1378,6 +1378,36 @@ def short_reading(
     return m
 
 
+def test_a_population_that_comes_back_first_tries_the_setting_its_search_settled_on() -> None:
+    """Run AP1 (resnet-mini, 2 -> 32 -> 2 clients): at 2 clients the search settled at 2 / 8 ms, 620 items/s. Back at
+    2 clients (a merge probe to 32 / 10 ms kept as the load fell under it: 125 items/s), the plan's 2 / 2 ms served 508
+    and held for the rest of the step. The remembered setting is tried first (a trial, judged as any other), not where
+    it served no more than the incumbent does now, nor after it lost in this search, nor for another population; a
+    search that settled over the SLO leaves nothing to remember."""
+    settled, back = TuningParams(2, 0.008), TuningParams(32, 0.010)
+    two = closed_reading(settled, rate=620.0, mean_s=0.003, p99_s=0.0035, utilization=0.6, peak_in_server=2)
+    assert read_workload(two).closed and read_workload(two).clients == 2
+
+    def returned(settled_reading: Measurement) -> tuple[Autotuner, Measurement]:
+        tuner = Autotuner(spec(50), settled, cores=1)
+        tuner._settle(settled_reading, 1.0)
+        tuner._move(back, "probe:merge", 20.0, {})  # 32 clients' merge probe, as the load falls to 2
+        at_two = short_reading(back, rate=125.0, mean_s=0.016, p99_s=0.017, clients=2, mean_batch=2.0, largest=2)
+        tuner._judged_elsewhere(at_two, replace(two, params=back), 22.0)
+        return tuner, at_two
+
+    tuner, at_two = returned(two)
+    move = tuner._next(24.0)
+    assert move is not None and move.params == settled and move.detail["knob"] == "remembered"
+    assert tuner._recall(replace(at_two, items_per_s=610.0), read_workload(at_two)) is None  # 620 is no gain on 610
+    four = short_reading(back, rate=250.0, mean_s=0.016, p99_s=0.017, clients=4, mean_batch=4.0, largest=4)
+    assert tuner._recall(four, read_workload(four)) is None
+    tuner._rejected.add(settled)
+    assert tuner._recall(at_two, read_workload(at_two)) is None
+    over, at_two = returned(replace(two, p99_s=0.060))
+    assert over._recall(at_two, read_workload(at_two)) is None
+
+
 def test_a_wider_limit_on_one_core_waits_a_batch_cycle_so_the_clients_groups_merge() -> None:
     """16 clients filling batches of 8 come back in two groups a batch's cycle apart (8 items at 1,181 items/s: 6.8
     ms). On one core the wider limit's probe takes the ladder's first delay of at least that cycle: live, 16 / 4.5 ms
