@@ -1,7 +1,8 @@
 """What the autotuner's plans cost the server they tune: a load step, autotuned vs static, side by side (not run in CI).
 
-Each plan (0.2-0.4 s of simulation on this machine's cores, `batchpilot.runtime.plan_worker`) runs in a worker process at a
-lower priority on the server's own core(s): on one core its CPU comes out of the serving threads'. This benchmark
+Each plan (0.1-0.2 s of simulation on this machine's cores since 961462e, 0.2-0.4 s before;
+`batchpilot.runtime.plan_worker`) runs in a worker process at a lower priority on the server's own core(s): on one
+core its CPU comes out of the serving threads'. This benchmark
 shows how much. One model at a time, on a fresh server per arm, driven by this script's closed-loop clients
 (2 -> 32 -> 2 clients, 10 / 20 / 10 s, as the autotuner benchmark's load steps):
   - static: the autotuner off at --static (default 32 items / 8 ms, where the tuner settles at 32 clients);

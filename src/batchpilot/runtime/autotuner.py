@@ -901,7 +901,7 @@ class Autotuner:
         if not w.closed:
             return False
         return any(
-            kept == self._incumbent and now - at < FIT_MEMORY_S and abs(w.clients - clients) <= 0.1 * clients
+            kept == self._incumbent and now - at < FIT_MEMORY_S and _same_population(w.clients, clients)
             for clients, (kept, at) in self._fruitless.items()
         )
 
@@ -974,7 +974,7 @@ class Autotuner:
         was = read_workload(ref)
         # The same population, in a group that can part: a population read one higher (1 client read as 2, live) makes
         # no split of a batch of one.
-        if self._short(p, ref, was) or abs(was.clients - w.clients) > 0.1 * w.clients or ref.mean_batch < 2:
+        if self._short(p, ref, was) or not _same_population(was.clients, w.clients) or ref.mean_batch < 2:
             return None
         merge = self._longer(p, at_least=self._cycle(m))
         return None if merge is None or merge in self._rejected else merge
@@ -1037,7 +1037,7 @@ class Autotuner:
         step (91% of the static best)."""
         if not w.closed:
             return None
-        near = [(abs(c - w.clients), c) for c in self._remembered if abs(c - w.clients) <= 0.1 * w.clients]
+        near = [(abs(c - w.clients), c) for c in self._remembered if _same_population(c, w.clients)]
         if not near:
             return None
         setting, served = self._remembered[min(near)[1]]
@@ -1629,6 +1629,11 @@ def _cheaper(m: Measurement, ref: Measurement) -> bool:
 def _noise(m: Measurement, ref: Measurement) -> float:
     """The relative noise of comparing two epochs' means: 3 / sqrt(answers) of the smaller."""
     return 3.0 / math.sqrt(max(1, min(m.completed, ref.completed)))
+
+
+def _same_population(clients: int, ref: int) -> bool:
+    """Are `clients` the population `ref` read again (within 10% of it)?"""
+    return abs(clients - ref) <= 0.1 * ref
 
 
 def _more_clients(many: int, few: int) -> bool:
