@@ -1408,6 +1408,40 @@ def test_a_population_that_comes_back_first_tries_the_setting_its_search_settled
     assert over._recall(at_two, read_workload(at_two)) is None
 
 
+def test_a_closed_loop_whose_population_falls_is_measured_again_within_the_epoch() -> None:
+    """Live (textcls, 2 -> 32 -> 2 clients): back at 2 clients under 32 / 8 ms, batches of 2 waited out the delay,
+    150-200 req/s for 2.5 s until the epoch that spanned the step ended, where 2 / 8 ms served 700. The fall is read
+    within the epoch (the latest batches' arrivals, in the server and in rate) and a short epoch measures the new
+    population, so the remembered setting is back within a second, and with nothing remembered the plan is. Steady
+    loads never read as fallen."""
+    slow = LinearLatency(a_s=0.4e-3, b_s=1.6e-3, noise=0.1)
+
+    def run(first: int, seed: int) -> tuple[BatcherSim, float]:
+        tuner = Autotuner(spec(50, minQueueDelayMicroseconds=8000), COLD, cores=1)
+        sim = BatcherSim(slow, ClosedLoop(first, think_s=0.0008), COLD, seed=seed, tuner=tuner)
+        if first == 2:
+            sim.run_until(30.0)
+            sim.load = ClosedLoop(32, think_s=0.0008)
+        sim.run_until(60.0)
+        assert sim.params.max_batch_size >= 16 and sim.params.max_queue_delay_s >= 0.008  # waits for 32 clients
+        sim.load = ClosedLoop(2, think_s=0.0008)
+        sim.run_until(64.0)
+        return sim, sim.stats(20.0, 30.0).throughput_rps if first == 2 else 0.0
+
+    for seed in (1, 2):
+        sim, before = run(2, seed)
+        fell = [t for t, d in sim.decisions if d.reason == "load-fell"]
+        back = [t for t, d in sim.decisions if t > 60.0 and d.detail.get("knob") == "remembered"]
+        assert fell and 60.0 < fell[0] <= 60.5 and back and back[0] <= 61.0, sim.decisions[-4:]
+        assert sim.stats(61.0, 64.0).throughput_rps >= 0.95 * before
+        sim, _ = run(32, seed)
+        assert next(t for t, d in sim.decisions if t > 60.0 and d.changed) <= 61.5  # nothing remembered: a plan
+        assert sim.params.max_batch_size <= 4
+    for load in (ClosedLoop(2, 0.001), ClosedLoop(32, 0.001), ClosedLoop(64, 0.001), Poisson(300), Poisson(1800)):
+        steady, _ = tuned(CPU, load, 40.0)
+        assert not [d for _, d in steady.decisions if d.reason == "load-fell"], load
+
+
 def test_a_wider_limit_on_one_core_waits_a_batch_cycle_so_the_clients_groups_merge() -> None:
     """16 clients filling batches of 8 come back in two groups a batch's cycle apart (8 items at 1,181 items/s: 6.8
     ms). On one core the wider limit's probe takes the ladder's first delay of at least that cycle: live, 16 / 4.5 ms

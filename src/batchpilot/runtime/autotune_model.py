@@ -5,6 +5,7 @@ Pure functions and plain accumulators; the policy that uses them lives in `autot
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -175,6 +176,7 @@ class Epoch:
     batches: int = 0
     full_batches: int = 0  # batches that reached the size limit
     in_server_seen: list[int] = field(default_factory=list)  # items in the server at each arrival, its own too
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time, items) of the same arrivals
     lags: list[float] = field(default_factory=list)  # each arrival's time since this epoch's latest batch finished
     done_at: list[float] = field(default_factory=list)  # when this epoch's batches finished
     # CPU: the readings at the first step after `settled_at` and at the latest, and what this model's
@@ -190,6 +192,7 @@ class Epoch:
             self.items_arrived += n_items
             self.accompanied += n_items if in_server > 0 else 0
             self.in_server_seen.append(in_server + n_items)
+            self.arrivals.append((now, n_items))
             if self.done_at:
                 self.lags.append(now - self.done_at[-1])
 
@@ -236,6 +239,17 @@ class Epoch:
         return growth > max(2 * self.params.max_batch_size, 0.05 * self.items_arrived) and (
             pace == 0 or in_server / pace > self.slo_s
         )
+
+    def since_batches(self, batches: int, now: float) -> tuple[int, float, int] | None:
+        """The arrivals since the `batches`-th latest batch finished: the most items in the server one of them saw,
+        their items/s and their count. None before that many batches."""
+        if len(self.done_at) <= batches or now <= (since := self.done_at[-batches - 1]):
+            return None
+        first = bisect.bisect_left(self.arrivals, since, key=lambda a: a[0])
+        if first == len(self.arrivals):
+            return None
+        items = sum(n for _, n in self.arrivals[first:])
+        return max(self.in_server_seen[first:]), items / (now - since), len(self.arrivals) - first
 
     def measure(self, now: float, in_server: int | None = None) -> Measurement:
         """The epoch's figures; `in_server` (items in the server now) gives the queue's growth since it settled."""

@@ -125,12 +125,16 @@ SLOWER = 1.25  # ...and how much more items/s a smaller limit's must have served
 PACE_SETTLE_S = 2.0  # ...counting no batch that ran within this long of its limit's latest start
 IDLE_AFTER_S = 1.0  # nothing in the server and nothing arrived for this long: the model takes none of the core
 REMEMBERED = 8  # closed-loop populations whose settled setting is kept (`_recall`)
+FELL_BATCHES = 8  # a closed loop's latest batches over which its population is read again within an epoch (`_fell`)...
+FELL_ARRIVALS = 16  # ...with at least this many arrivals since
+QUICK_S = 0.5  # the epoch that measures a fallen population ends this soon...
+QUICK_ANSWERS = 20  # ...with this many answers
 
 
 @dataclass(frozen=True)
 class Decision:
     params: TuningParams
-    reason: str  # plan, probe, slo-violation, revert, trial-kept, low-load, infeasible, feasible, ceiling
+    reason: str  # plan, probe, slo-violation, revert, trial-kept, low-load, load-fell, infeasible, feasible, ceiling
     detail: dict[str, Any] = field(default_factory=dict)
     changed: bool = True  # False when only the SLO verdict flipped (reason infeasible or feasible)
 
@@ -215,6 +219,7 @@ class Autotuner:
         self._shares = (0.0, 0.0)  # the core's shares this model and the others took, as last measured
         self._pending: Decision | None = None
         self._epoch: Epoch | None = None
+        self._quick: Epoch | None = None  # the epoch measuring a closed loop's fallen population (`_fell`)
         self._in_server = 0  # items arrived and not yet executed
         self._last_arrival_at = -math.inf
         self._batches: dict[int, deque[tuple[float, float, float]]] = {}  # size -> (time, wall s, CPU s)
@@ -370,6 +375,8 @@ class Autotuner:
         violating = now >= epoch.settled_at + 0.1 and epoch.violating(self._in_server, now)
         if violating and (backoff := self._on_violation(epoch.measure(now, self._in_server), now)) is not None:
             return backoff
+        if (fell := self._fell(epoch, now)) is not None:
+            return fell
         if self._outstanding is not None or not self._epoch_done(epoch, now):
             return None  # (a plan asked for: its answer decides)
         m = epoch.measure(now, self._in_server)
@@ -452,6 +459,30 @@ class Autotuner:
         self._incumbent = replace(self._incumbent, max_queue_delay_s=self._lo_d)
         self._reopen()
         return self._move(self._incumbent, "low-load", now, {"arrival_rate": round(rate, 2), "company": company})
+
+    def _fell(self, epoch: Epoch, now: float) -> Decision | None:
+        """A closed loop whose population fell within the epoch: since its latest FELL_BATCHES batches, the most in
+        the server at an arrival is another load than the incumbent's clients (`_more_clients`), arriving LOAD_MOVED x
+        slower. The search starts over from a short epoch (QUICK_S) that measures the new population, not from the end
+        of this one, which the old setting may hold for seconds at a fraction of what the new load could get: live,
+        textcls back from 32 to 2 clients under 32 / 8 ms served 150-200 req/s for 2.5 s (the epoch's end and a
+        remembered setting's probe) where 2 / 8 ms served 700. Not within a trial (judged at its end), nor while a plan
+        is out."""
+        inc = self._inc_meas
+        if inc is None or epoch is self._quick or self._params != self._incumbent or self._outstanding is not None:
+            return None
+        recent = epoch.since_batches(FELL_BATCHES, now)
+        w = read_workload(inc)
+        if recent is None or not w.closed:
+            return None
+        peak, rate, arrivals = recent
+        if arrivals < FELL_ARRIVALS or not _more_clients(w.clients, peak) or LOAD_MOVED * rate > inc.arrival_rate:
+            return None
+        self._reopen()
+        self._new_epoch(now, settle=0.0)
+        self._quick = self._epoch
+        detail = {"clients": w.clients, "in_server_peak": peak, "arrival_rate": round(rate, 2)}
+        return Decision(self._params, "load-fell", detail, changed=False)
 
     def _on_violation(self, m: Measurement, now: float) -> Decision | None:
         """The p99 is over the SLO in this epoch: leave a trial at once, else back off."""
@@ -1612,6 +1643,8 @@ class Autotuner:
 
     def _epoch_done(self, epoch: Epoch, now: float) -> bool:
         elapsed = now - epoch.settled_at
+        if epoch is self._quick:
+            return elapsed >= QUICK_S and len(epoch.latencies) >= QUICK_ANSWERS
         enough = len(epoch.latencies) >= MIN_ANSWERS
         return (elapsed >= MEASURE_S and enough) or (elapsed >= MAX_MEASURE_S and len(epoch.latencies) >= 10)
 
