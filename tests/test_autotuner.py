@@ -142,6 +142,19 @@ def test_reaches_the_best_static_throughput_within_30s_and_settles(latency: Line
     assert snap["p99_ms"] <= 50 and snap["latency_model"]["a_ms_per_item"] > 0
 
 
+def test_batching_shows_the_wall_and_the_cpu_fits_apart() -> None:
+    """`/batching` shows the executor's CPU fit beside the wall-time one: on one core the plans price the CPU fit, and
+    the wall time carries the front-ends' work interleaved with each batch (here twice the CPU)."""
+    tuner = Autotuner(spec(100), TuningParams(16, 0.0), cores=1)
+    for i in range(40):
+        n = 16 if i % 2 else 8
+        cpu = 0.4e-3 * n + 1.2e-3
+        tuner.record_batch(n, 2 * cpu, 0.01 * i, cpu_s=cpu)
+    snap = tuner.snapshot(0.5)
+    assert snap["cpu_latency_model"] == pytest.approx({"a_ms_per_item": 0.4, "b_ms": 1.2})
+    assert snap["latency_model"] == pytest.approx({"a_ms_per_item": 0.8, "b_ms": 2.4})
+
+
 def test_infeasible_slo_is_reported_at_the_lowest_latency_setting() -> None:
     slow = LinearLatency(a_s=0.4e-3, b_s=30e-3, noise=0.1)  # one item alone takes 30 ms > 20 ms SLO
     sim, tuner = tuned(slow, Poisson(100), 30.0, slo_ms=20)

@@ -416,12 +416,10 @@ class Autotuner:
         self._forget(now)
         span = max(min(self._window_s, now - (self._first_seen if self._first_seen is not None else now)), 1e-9)
         p99 = self._window_p99()
-        fit = self._fit()
         return {
             "slo_feasible": self._feasible,
-            "latency_model": None
-            if fit is None
-            else {"a_ms_per_item": round(fit.a_s * 1e3, 4), "b_ms": round(fit.b_s * 1e3, 4)},
+            "latency_model": _fit_figures(self._fit()),
+            "cpu_latency_model": _fit_figures(self._fit(cpu=True)),
             "p99_ms": None if p99 is None else round(p99 * 1e3, 3),
             "throughput_rps": round(len(self._answers) / span, 2),
             "items_per_s": round(sum(n for _, n in self._items) / span, 2),
@@ -1664,6 +1662,11 @@ def _cheaper(m: Measurement, ref: Measurement) -> bool:
 def _noise(m: Measurement, ref: Measurement) -> float:
     """The relative noise of comparing two epochs' means: 3 / sqrt(answers) of the smaller."""
     return 3.0 / math.sqrt(max(1, min(m.completed, ref.completed)))
+
+
+def _fit_figures(fit: LatencyFit | None) -> dict[str, float] | None:
+    """A fit as `/batching` shows it (ms)."""
+    return None if fit is None else {"a_ms_per_item": round(fit.a_s * 1e3, 4), "b_ms": round(fit.b_s * 1e3, 4)}
 
 
 def _same_population(clients: int, ref: int) -> bool:

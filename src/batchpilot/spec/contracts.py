@@ -67,7 +67,8 @@ class AutotuneState(_Wire):
     enabled: bool | None = None
     latency_slo_p99_ms: float | None = None
     slo_feasible: bool | None = None
-    latency_model: LatencyModel | None = None
+    latency_model: LatencyModel | None = None  # wall time per batch
+    cpu_latency_model: LatencyModel | None = None  # the executor's CPU per batch (one core: what plans price)
     changes: int | None = None
     plan: PlanState | None = None
 

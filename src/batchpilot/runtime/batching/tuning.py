@@ -210,6 +210,7 @@ class AutoTuner(StaticTuner):
             latency_slo_p99_ms=self.spec.autotune.latency_slo_p99_ms,
             slo_feasible=snap.get("slo_feasible"),
             latency_model=snap.get("latency_model"),
+            cpu_latency_model=snap.get("cpu_latency_model"),
             changes=snap.get("changes"),
             plan=snap.get("plan"),
         )
