@@ -136,7 +136,7 @@ class Decision:
     params: TuningParams
     reason: str  # plan, probe, slo-violation, revert, trial-kept, low-load, load-fell, infeasible, feasible, ceiling
     detail: dict[str, Any] = field(default_factory=dict)
-    changed: bool = True  # False when only the SLO verdict flipped (reason infeasible or feasible)
+    changed: bool = True  # False when the parameters stay: an SLO verdict flipped, a trial kept, a fall read
 
 
 @dataclass(frozen=True)
