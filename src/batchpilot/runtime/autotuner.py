@@ -477,9 +477,8 @@ class Autotuner:
         peak, rate, arrivals = recent
         if arrivals < FELL_ARRIVALS or not _more_clients(w.clients, peak) or LOAD_MOVED * rate > inc.arrival_rate:
             return None
-        self._incumbent, self._planned, self._outstanding = self._params, None, None
-        self._reopen()
-        self._new_epoch(now, settle=0.0)
+        self._outstanding = None
+        self._start_over(now, settle=0.0)
         self._quick = self._epoch
         detail = {"clients": w.clients, "in_server_peak": peak, "arrival_rate": round(rate, 2)}
         return Decision(self._params, "load-fell", detail, changed=False)
@@ -1421,11 +1420,17 @@ class Autotuner:
         rose to 16 (1,410-1,630 req/s where 16 / 8 ms served 1,720-1,880); a plan's 8 / 9 ms at 8 clients given back
         as the load fell to 1, and rejected for the rest of the search; resnet-mini's wider probe to 32 / 10 ms kept
         as 16 clients became 32 and held at 64 (9% under 16-item batches there)."""
-        self._incumbent, self._inc_meas, self._planned = self._params, m, None
-        self._reopen()
-        self._new_epoch(now)
+        self._inc_meas = m
+        self._start_over(now)
         detail = {**self._figures(m), "knob": "load-moved", **_incumbent_figures(was)}
         return Decision(self._params, "trial-kept", detail, changed=False)
+
+    def _start_over(self, now: float, settle: float | None = None) -> None:
+        """Another load: the setting in force becomes the incumbent without a verdict (a trial's comparison says nothing
+        about either), and the search starts over from a new epoch."""
+        self._incumbent, self._planned = self._params, None
+        self._reopen()
+        self._new_epoch(now, settle=settle)
 
     def _confirmed(self, m: Measurement, was: Measurement | None, then: Decision | None) -> Decision:
         """A trial that held up against the incumbent, now the incumbent: its line (`trial-kept`, knob `confirmed`,
@@ -1601,7 +1606,6 @@ class Autotuner:
         return Decision(to, reason, detail)
 
     def _figures(self, m: Measurement) -> dict[str, Any]:
-        fit = self._fit()
         return {
             "p99_ms": _ms(m.p99_s),
             "mean_ms": _ms(m.mean_s),
@@ -1618,8 +1622,7 @@ class Autotuner:
             "lag_ratio": None if m.lag_ratio is None else round(m.lag_ratio, 2),
             "in_server_low": m.low_in_server,  # items in the server at arrivals: the 2nd percentile
             "in_server_peak": m.peak_in_server,  # and the 98th
-            "a_ms_per_item": round(fit.a_s * 1e3, 4) if fit else None,
-            "b_ms": round(fit.b_s * 1e3, 4) if fit else None,
+            **(_fit_figures(self._fit()) or dict.fromkeys(("a_ms_per_item", "b_ms"))),
         }
 
     def _epoch_at(self, now: float) -> Epoch:
