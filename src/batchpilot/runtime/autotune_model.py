@@ -30,6 +30,20 @@ class LatencyFit:
     def __call__(self, n: float) -> float:
         return self.a_s * n + self.b_s
 
+    def through(self, n: float, d: float) -> LatencyFit:
+        """This line's shape, scaled to pass through d(n) = `d`: its level from elsewhere."""
+        scale = d / max(self(n), 1e-12)
+        return LatencyFit(self.a_s * scale, self.b_s * scale)
+
+
+@dataclass(frozen=True)
+class AloneFits:
+    """d(n) as the model ran alone at load (`batching/alone.py`), wall and CPU time: the shape of d(n) where the live
+    batches cannot give one (see `Autotuner._fit`)."""
+
+    wall: LatencyFit
+    cpu: LatencyFit
+
 
 def fit_batch_latency(sizes: np.ndarray, times: np.ndarray) -> LatencyFit | None:
     """Least-squares d(n) = a*n + b with a, b >= 0; None without enough batches.

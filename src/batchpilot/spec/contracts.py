@@ -69,6 +69,7 @@ class AutotuneState(_Wire):
     slo_feasible: bool | None = None
     latency_model: LatencyModel | None = None  # wall time per batch
     cpu_latency_model: LatencyModel | None = None  # the executor's CPU per batch (one core: what plans price)
+    alone_latency_model: LatencyModel | None = None  # wall time per batch as the model ran alone at load
     changes: int | None = None
     plan: PlanState | None = None
 

@@ -62,7 +62,7 @@ class Batcher:
         self.max_request_items = spec.advertised_max_batch_size
         self.stats = ModelStats()
         self.recent = RecentWindow()
-        self.tuner = make_tuner(spec, batching)
+        self.tuner = make_tuner(spec, batching, executor)
         self._metrics = MetricsObserver(metrics, spec.name)
         self.observers = Observers([StatsObserver(self.stats), self._metrics, RecentObserver(self.recent), self.tuner])
         self.runner = BatchRunner(spec.name, executor, self.queue, self.observers, hang_timeout_s)

@@ -15,10 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from batchpilot.runtime.autotune_model import AloneFits
 from batchpilot.runtime.autotuner import Autotuner, Decision, TuningParams
+from batchpilot.runtime.batching.alone import time_alone
 from batchpilot.runtime.batching.cpu_ledger import CpuLedger, shared_ledger
 from batchpilot.runtime.batching.device_turns import available_cores
-from batchpilot.runtime.batching.executor import BatchTimings
+from batchpilot.runtime.batching.executor import BatchTimings, Executor
 from batchpilot.runtime.batching.neighbour_board import NeighbourBoard, shared_board
 from batchpilot.runtime.batching.observers import BatchObserver, Finished
 from batchpilot.runtime.batching.request import Pending
@@ -77,6 +79,7 @@ class AutoTuner(StaticTuner):
         worker: PlanWorker | None = None,
         ledger: CpuLedger | None = None,
         board: NeighbourBoard | None = None,
+        alone: AloneFits | None = None,
     ) -> None:
         super().__init__(spec, params, ledger)
         self.board = board or NeighbourBoard()  # the other autotuned models of the process, for joint plans
@@ -84,7 +87,12 @@ class AutoTuner(StaticTuner):
         self.cpu_clock = cpu_clock  # the whole process's CPU time: front-ends and every model's executor
         self.worker = worker
         self.autotuner = Autotuner(
-            spec.autotune, _clamp(params, spec), cores=available_cores(), inline_plans=worker is None, name=spec.name
+            spec.autotune,
+            _clamp(params, spec),
+            cores=available_cores(),
+            inline_plans=worker is None,
+            name=spec.name,
+            alone=alone,
         )
         self._asked: tuple[PlanJob, float] | None = None  # the plan handed to the worker, and when
         self._unanswered_logged: tuple[str, float] | None = None  # the last unanswered break logged: why, when
@@ -211,26 +219,32 @@ class AutoTuner(StaticTuner):
             slo_feasible=snap.get("slo_feasible"),
             latency_model=snap.get("latency_model"),
             cpu_latency_model=snap.get("cpu_latency_model"),
+            alone_latency_model=snap.get("alone_latency_model"),
             changes=snap.get("changes"),
             plan=snap.get("plan"),
         )
 
 
-def make_tuner(spec: ModelSpec, batching: bool) -> StaticTuner:
-    """The autotuner when batching is on and the spec enables it; fixed parameters otherwise."""
+def make_tuner(spec: ModelSpec, batching: bool, executor: Executor | None = None) -> StaticTuner:
+    """The autotuner when batching is on and the spec enables it; fixed parameters otherwise. With `executor`, an
+    autotuned model of fixed-shape items is first timed alone (`alone.py`); a sequence model's cost per item follows
+    the lengths its traffic brings, which a load-time timing cannot know."""
     b = spec.batching
     if not batching:
         return StaticTuner(spec, TuningParams(1, 0.0), shared_ledger())
     static = TuningParams(b.max_batch_size, b.max_queue_delay_microseconds / 1e6)
     if not spec.autotune.enabled:
         return StaticTuner(spec, static, shared_ledger())
-    waste = spec.sequence.max_padding_waste if spec.type == "nlp" else None  # the length grouping's budget
+    nlp = spec.type == "nlp"
+    waste = spec.sequence.max_padding_waste if nlp else None  # the length grouping's budget
+    alone = None if executor is None or nlp else time_alone(executor, spec.autotune.bounds.max_batch_size)
     return AutoTuner(
         spec,
         TuningParams(static.max_batch_size, static.max_queue_delay_s, waste),
         worker=shared_worker(),
         ledger=shared_ledger(),
         board=shared_board(),
+        alone=alone,
     )
 
 
