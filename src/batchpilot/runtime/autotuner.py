@@ -74,6 +74,7 @@ from batchpilot.runtime.autotune_model import (
     fit_batch_latency,
     read_workload,
 )
+from batchpilot.runtime.batch_memory import FIT_MEMORY_S, BatchMemory
 from batchpilot.runtime.batch_planner import CandidatePrediction, Plan, candidate_grid, with_margin
 from batchpilot.runtime.one_core_planner import Neighbour
 from batchpilot.runtime.padding_planner import WASTE_LADDER as WASTE_STEPS
@@ -92,9 +93,6 @@ CHANGE_TRIGGER = 0.3  # relative change of arrival rate or mean latency that reo
 FIRST_LOOK_S = 0.5  # a fresh server's first epoch counts from this long on (its warm-up is not judged)
 LOW_LOAD_COMPANY = 0.5  # expected companions within the delay under which an unplanned delay drops...
 ALONE_BUSY = 0.5  # ...unless serving each arrival alone would keep the executor busier than this
-FIT_PER_SIZE = 32  # latest batches of each size behind the fit...
-FIT_MEMORY_S = 30.0  # ...that ran within this long of the latest batch
-FIRST_CALLS = 2  # a size's first batches are not fitted: a TorchScript model specialises on new shapes
 FULL_SHARE = 0.5  # share of full batches over which the size limit binds...
 BUSY = 0.75  # ...while the executor is this busy: a violation then calls for larger batches
 BOTTLENECK = 0.9  # an executor this busy is the bottleneck: what it serves is all it can
@@ -173,7 +171,7 @@ class Autotuner:
         caller solves elsewhere (off the event loop) and hands back to `plan_solved`. `name`: the model's, as
         its neighbours see it. `alone`: d(n) as the model ran alone at load, when measured (see `_with_fixed_cost`)."""
         b = spec.bounds
-        self._alone = alone
+        self._memory = BatchMemory(alone)
         self._name = name
         self._neighbours: tuple[Neighbour, ...] = ()  # the other models on this core, as they published
         self._planned_beside: dict[str, TuningParams] = {}  # their settings when the last plan was made
@@ -225,12 +223,9 @@ class Autotuner:
         self._quick: Epoch | None = None  # the epoch measuring a closed loop's fallen population (`_fell`)
         self._in_server = 0  # items arrived and not yet executed
         self._last_arrival_at = -math.inf
-        self._batches: dict[int, deque[tuple[float, float, float]]] = {}  # size -> (time, wall s, CPU s)
         # Wall times of a limit's first PACE_BATCHES full batches past PACE_SETTLE_S of its latest start: its pace
         # beside the limit it replaced (`_outpaced`).
         self._first_walls: dict[int, list[float]] = {}
-        self._last_batch_at = 0.0
-        self._sizes_seen: dict[int, int] = {}
         self._answers: deque[tuple[float, float]] = deque()  # (time, latency) for snapshot()
         self._items: deque[tuple[float, int]] = deque()  # (time, batch size) for snapshot()
         self._first_seen: float | None = None
@@ -255,12 +250,8 @@ class Autotuner:
             self._token_batches.append((tokens, compute_s if cpu_s is None else cpu_s))
         self._epoch_at(now).add_batch(size, compute_s, now, cpu_s)
         self._in_server = max(0, self._in_server - size)
-        cpu = compute_s if cpu_s is None else cpu_s
-        self._sizes_seen[size] = seen = self._sizes_seen.get(size, 0) + 1
-        if seen > FIRST_CALLS:
-            self._batches.setdefault(size, deque(maxlen=FIT_PER_SIZE)).append((now, compute_s, cpu))
+        if self._memory.record(size, compute_s, compute_s if cpu_s is None else cpu_s, now):
             self._count_first_pace(size, compute_s, now)
-        self._last_batch_at = now
         self._items.append((now, size))
 
     def record_request(self, latency_s: float, queue_wait_s: float, now: float, *, front_s: float = 0.0) -> None:
@@ -421,9 +412,9 @@ class Autotuner:
         p99 = self._window_p99()
         return {
             "slo_feasible": self._feasible,
-            "latency_model": _fit_figures(self._fit()),
-            "cpu_latency_model": _fit_figures(self._fit(cpu=True)),
-            "alone_latency_model": _fit_figures(None if self._alone is None else self._alone.wall),
+            "latency_model": _fit_figures(self._memory.fit()),
+            "cpu_latency_model": _fit_figures(self._memory.fit(cpu=True)),
+            "alone_latency_model": _fit_figures(None if self._memory.alone is None else self._memory.alone.wall),
             "p99_ms": None if p99 is None else round(p99 * 1e3, 3),
             "throughput_rps": round(len(self._answers) / span, 2),
             "items_per_s": round(sum(n for _, n in self._items) / span, 2),
@@ -447,7 +438,7 @@ class Autotuner:
         company = _company(rate, epoch.accompanied / epoch.items_arrived, delay)
         if company >= LOW_LOAD_COMPANY:
             return None
-        fit = self._fit()
+        fit = self._memory.fit()
         if fit is not None and rate * fit(1) > ALONE_BUSY:
             # Not a trickle: answered one at a time, these arrivals would keep the executor busy, and the batches of
             # a few that the delay gathers are what keeps its queue short (live, a Poisson load at half resnet-mini's
@@ -530,7 +521,7 @@ class Autotuner:
             self._reopen()
             self._inc_meas = m
             return self._move(wider, "slo-violation:wider", now, self._figures(m))
-        fit = self._fit()
+        fit = self._memory.fit()
         if fit is not None and not fit.one_size and m.arrival_rate > 0 and math.isfinite(m.p99_s):
             self._replanned = self._epoch
             if self._plan_fruitless(w, now):
@@ -678,7 +669,7 @@ class Autotuner:
     def _served_fit(self, m: Measurement) -> LatencyFit | None:
         """d(n) as the core serves it (`_open_fit`), None before a fit over several sizes (where a doubled limit's
         worth is unknown: the backoff doubles)."""
-        fit = self._fit()
+        fit = self._memory.fit()
         return None if fit is None or fit.one_size else self._open_fit(m, fit)
 
     def _doubling_pays(self, p: TuningParams, served: LatencyFit) -> bool:
@@ -701,11 +692,7 @@ class Autotuner:
         the limit went back to 16 for the rest of the row, where AG, before the rule, had ended three of four such
         rows at 32."""
         put = self._limits_put.get(n, -math.inf) if read_workload(m).closed else -math.inf
-        times = [
-            d
-            for t, d, _ in self._batches.get(n, ())
-            if t >= self._last_batch_at - FIT_MEMORY_S and not put <= t < put + PACE_SETTLE_S
-        ]
+        times = [d for t, d, _ in self._memory.latest(n) if not put <= t < put + PACE_SETTLE_S]
         return self._items_per_s(n, float(np.median(times)), m) if len(times) >= PACE_BATCHES else None
 
     def _items_per_s(self, n: int, wall_s: float, m: Measurement) -> float:
@@ -885,7 +872,7 @@ class Autotuner:
         if (recalled := self._recall(m, w)) is not None:
             setting, served = recalled
             return self._move(setting, "probe:remembered", now, {**self._figures(m), "remembered_items_per_s": served})
-        fit = self._fit()
+        fit = self._memory.fit()
         if fit is not None and fit.one_size and not self._probed and m.arrival_rate > 0:
             self._probed = True
             n = self._incumbent.max_batch_size
@@ -947,7 +934,7 @@ class Autotuner:
         priced 64-item batches at 89 ms and kept 32 clients to 8-item batches (live, a load step: 76% of the best static
         setting's items/s). A trial like any other (given back within its epoch if it loses), at an SLO break judged
         against the break's figures (kept, its re-plan then fits over the size)."""
-        fitted = self._recent_batches()
+        fitted = self._memory.rows()
         if not w.closed or not len(fitted):
             return None
         largest = int(fitted[:, 0].max())
@@ -1051,7 +1038,7 @@ class Autotuner:
         correct it: NLP batches pad more as they grow (live, run U F2: textcls at 95% load, batches of 13 under 16 / 2
         ms, a break re-planned to 64 / 8 ms, predicted to keep pace; full batches of 64 fell behind and the row read p99
         1.34 s). A limit grows by doubling, each step then fitted. No bound before a fit."""
-        fitted = self._recent_batches()
+        fitted = self._memory.rows()
         if w.closed or not len(fitted):
             return math.inf
         return max(self._incumbent.max_batch_size, 2 * int(fitted[:, 0].max()))
@@ -1160,7 +1147,7 @@ class Autotuner:
         inc = replace(self._incumbent, max_padding_waste=None)
         if inc not in grid:
             grid.append(inc)
-        sigma = self._spread(fit)
+        sigma = self._memory.spread(fit)
         slo = self._slo_s * TRIAL_MARGIN
         if w.closed and w.clients > MAX_CLIENTS:  # so many sources act as an open loop
             w = replace(w, closed=False)
@@ -1300,7 +1287,7 @@ class Autotuner:
         """On one core the executor and the front-ends share it (`one_core_planner`): the executor's CPU fit
         d(n) and the front-end CPU per item; None on several cores or before both are measured."""
         f = m.frontend_cpu_s
-        cpu_fit = self._fit(cpu=True)
+        cpu_fit = self._memory.fit(cpu=True)
         if self._cores != 1 or f is None or cpu_fit is None or cpu_fit.one_size:
             return None
         return cpu_fit, f
@@ -1466,7 +1453,7 @@ class Autotuner:
 
     def _hopeless(self) -> bool:
         """Even one smallest batch alone, without window or queue, takes longer than the SLO."""
-        fit = self._fit()
+        fit = self._memory.fit()
         return fit is not None and not fit.one_size and fit(self._lo_n) > self._slo_s
 
     def _declare_infeasible(self, m: Measurement, now: float) -> Decision:
@@ -1538,75 +1525,11 @@ class Autotuner:
             "measured_p99_ms": _ms(m.p99_s) if m else None,
         }
 
-    def _spread(self, fit: LatencyFit) -> float:
-        """Lognormal sigma of the recent batches' times around the fit."""
-        arr = self._recent_batches(raw=True)
-        ratio = arr[:, 1] / np.maximum(fit.a_s * arr[:, 0] + fit.b_s, 1e-12)
-        ratio = ratio[ratio > 0]
-        return min(float(np.log(ratio).std()), 1.0) if ratio.size > 1 else 0.0
-
     def _forget(self, now: float) -> None:
         horizon = now - self._window_s
         for q in (self._answers, self._items):
             while q and q[0][0] < horizon:
                 q.popleft()
-
-    def _recent_batches(self, cpu: bool = False, raw: bool = False, horizon: float | None = None) -> np.ndarray:
-        """(size, seconds) rows, wall or CPU time: per size, the median of its latest batches seen recently
-        (since `horizon`; by default FIT_MEMORY_S before the latest batch), once per batch. Keeping sizes
-        apart keeps a fit over several sizes when one size has run alone for a while (a full batch every
-        time); the median keeps out a slow first call or a preemption."""
-        rows = []
-        for n in self._batches:
-            times = self._recent_times(n, cpu, horizon)
-            if times:
-                rows += [(n, x) for x in times] if raw else [(n, float(np.median(times)))] * len(times)
-        return np.asarray(rows, dtype=float).reshape(-1, 2)
-
-    def _recent_times(self, n: int, cpu: bool = False, horizon: float | None = None) -> list[float]:
-        """Wall (or CPU) seconds of the latest batches of `n` items seen since `horizon` (by default FIT_MEMORY_S
-        before the latest batch)."""
-        if horizon is None:
-            horizon = self._last_batch_at - FIT_MEMORY_S
-        return [c if cpu else d for t, d, c in self._batches.get(n, ()) if t >= horizon]
-
-    def _fit(self, cpu: bool = False) -> LatencyFit | None:
-        """d(n) over the recent batches (`_with_fixed_cost`). When they are all of one size (a settled tuner's), the
-        shape of d(n) comes from every size kept, however old (else from the model alone at load), and its level from
-        the recent size: the shape is scaled to pass through that size's recent median."""
-        arr = self._recent_batches(cpu)
-        if not len(arr):
-            return None
-        fit = self._with_fixed_cost(arr, cpu)
-        if fit is None or not fit.one_size:
-            return fit
-        shape = self._with_fixed_cost(self._recent_batches(cpu, horizon=-math.inf), cpu)
-        alone = self._alone_fit(cpu)
-        if (shape is None or shape.one_size) and alone is not None:
-            shape = alone
-        if shape is None or shape.one_size or shape(arr[0, 0]) <= 0:
-            return fit
-        return shape.through(arr[0, 0], float(np.median(arr[:, 1])))
-
-    def _with_fixed_cost(self, rows: np.ndarray, cpu: bool) -> LatencyFit | None:
-        """The least-squares d(n) over (size, seconds) `rows`, its intercept (a batch's fixed cost) floored at the share
-        of a batch it took when the model ran alone: the alone line scaled through the fit at the rows' mean size.
-        Why: under an open loop the batches grow in the host's slow seconds, which tilts the live line and can pivot
-        its intercept to 0, and a line without a fixed cost promises nothing from larger batches. Live (run AQ4,
-        resnet-mini at 80% of capacity): wall a = 1.53-1.75 ms per item, b = 0-2.9 ms, where torch alone gave a = 0.94,
-        b = 1.97; its plans kept 16 / 2 ms through every SLO break, where a static 32 / 5 ms held the SLO."""
-        fit = fit_batch_latency(rows[:, 0], rows[:, 1])
-        alone = self._alone_fit(cpu)
-        if fit is None or fit.one_size or alone is None:
-            return fit
-        n = float(rows[:, 0].mean())
-        floor = alone.through(n, fit(n))
-        return floor if fit.b_s < floor.b_s else fit
-
-    def _alone_fit(self, cpu: bool) -> LatencyFit | None:
-        if self._alone is None:
-            return None
-        return self._alone.cpu if cpu else self._alone.wall
 
     def _clip(self, p: TuningParams) -> TuningParams:
         n = min(max(int(p.max_batch_size), self._lo_n), self._ceiling)
@@ -1647,7 +1570,7 @@ class Autotuner:
             "lag_ratio": None if m.lag_ratio is None else round(m.lag_ratio, 2),
             "in_server_low": m.low_in_server,  # items in the server at arrivals: the 2nd percentile
             "in_server_peak": m.peak_in_server,  # and the 98th
-            **(_fit_figures(self._fit()) or dict.fromkeys(("a_ms_per_item", "b_ms"))),
+            **(_fit_figures(self._memory.fit()) or dict.fromkeys(("a_ms_per_item", "b_ms"))),
         }
 
     def _epoch_at(self, now: float) -> Epoch:
