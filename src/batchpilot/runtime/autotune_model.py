@@ -39,7 +39,7 @@ class LatencyFit:
 @dataclass(frozen=True)
 class AloneFits:
     """d(n) as the model ran alone at load (`batching/alone.py`), wall and CPU time: the shape of d(n) where the live
-    batches cannot give one (see `Autotuner._fit`)."""
+    batches cannot give one (`BatchMemory.fit`)."""
 
     wall: LatencyFit
     cpu: LatencyFit

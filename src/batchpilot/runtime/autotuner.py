@@ -169,7 +169,7 @@ class Autotuner:
         plan charges each item its measured front-end CPU (see `record_cpu`). 0: unknown, no charge.
         `inline_plans`: solve plans inside `step`; else `plan_job` holds the plan asked for, which the
         caller solves elsewhere (off the event loop) and hands back to `plan_solved`. `name`: the model's, as
-        its neighbours see it. `alone`: d(n) as the model ran alone at load, when measured (see `_with_fixed_cost`)."""
+        its neighbours see it. `alone`: d(n) as the model ran alone at load, when measured (`BatchMemory`)."""
         b = spec.bounds
         self._memory = BatchMemory(alone)
         self._name = name

@@ -1,5 +1,5 @@
 """A model's batch latency d(n) timed alone at load: the shape the autotuner falls back on where its live batches
-cannot give one (`Autotuner._with_fixed_cost`).
+cannot give one (`BatchMemory.fit`).
 
 Timed as the executor times a batch (wall clock, and the calling thread's CPU time), on the kind's example inputs,
 nothing else running: the median of a few calls per size, after one untimed call at that size.
