@@ -19,7 +19,9 @@ ALONE = LatencyFit(0.65e-3, 1.7e-3)  # resnet-mini alone on this machine, about
 
 def tuner(alone: LatencyFit | None) -> Autotuner:
     return Autotuner(
-        AutotuneSpec(latency_slo_p99_ms=50), TuningParams(16, 0.002), alone=alone and AloneFits(alone, alone)
+        AutotuneSpec(latency_slo_p99_ms=50),
+        TuningParams(16, 0.002),
+        alone=None if alone is None else AloneFits(alone, alone),
     )
 
 
