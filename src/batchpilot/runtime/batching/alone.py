@@ -16,6 +16,7 @@ import torch
 
 from batchpilot.runtime.autotune_model import AloneFits, fit_batch_latency
 from batchpilot.runtime.batching.executor import Executor
+from batchpilot.runtime.repository import example_inputs
 
 log = logging.getLogger("batchpilot.tuning")
 LARGEST = 32  # the largest size timed: enough to fix a line, cheap for a model served at all
@@ -32,7 +33,7 @@ def time_alone(executor: Executor, max_batch_size: int) -> AloneFits | None:
     try:
         with torch.inference_mode():
             for n in sizes:
-                args = [torch.from_numpy(a).to(executor.device) for a in executor.kind.example_inputs(n)]
+                args = example_inputs(executor.spec, n, executor.device)
                 executor.module(*args)
                 walls, cpus = [], []
                 for _ in range(CALLS):
@@ -42,7 +43,7 @@ def time_alone(executor: Executor, max_batch_size: int) -> AloneFits | None:
                         torch.cuda.synchronize(executor.device)
                     walls.append(time.perf_counter() - t0)
                     cpus.append(time.thread_time() - c0)
-                rows += [(n, statistics.median(walls), statistics.median(cpus))]
+                rows.append((n, statistics.median(walls), statistics.median(cpus)))
     except Exception as exc:  # out of memory at a size, a model that rejects zeros...: no shape, no harm
         log.warning("model %s not timed alone: %s", executor.spec.name, type(exc).__name__)
         return None
