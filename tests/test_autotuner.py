@@ -21,9 +21,11 @@ from batchpilot.runtime.autotune_model import (
     fit_batch_latency,
     read_workload,
 )
-from batchpilot.runtime.autotuner import FIRST_LOOK_S, MAX_MEASURE_S, SETTLE_S, Autotuner, Decision, _Outstanding
+from batchpilot.runtime.autotuner import Autotuner, Decision
 from batchpilot.runtime.batch_planner import CandidatePrediction, Plan
 from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
+from batchpilot.runtime.tuner.knobs import FIRST_LOOK_S, MAX_MEASURE_S, SETTLE_S
+from batchpilot.runtime.tuner.state import Outstanding
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
 from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, KneeLatency, LinearLatency, Load, Poisson
 
@@ -755,7 +757,7 @@ def test_an_slo_break_is_never_answered_with_less_pace() -> None:
     plan = Plan(preds[1], True, 0.045, preds)
     fit = LatencyFit(0.4e-3, 1.2e-3)
     job = PlanJob("closed", fit, (here, slower, other), 0.045, 0.0, 2000, clients=16, think_s=0.0)
-    out = _Outstanding(job, fit, read_workload(m), m, here, violation=True)
+    out = Outstanding(job, fit, read_workload(m), m, here, violation=True)
     decision = tuner._after_plan(out, Solved(plan, 0.0), now=10.0)
     assert decision is not None and (decision.reason, decision.detail.get("knob")) == ("slo-violation", "kept")
     assert not decision.changed and tuner.params == here
@@ -837,7 +839,7 @@ def test_beside_another_model_on_a_saturated_core_no_setting_costs_more_cpu_per_
     def answer(background: float, cores: int = 1) -> tuple[Autotuner, Decision | None]:
         tuner = Autotuner(spec(50), here, cores=cores)
         m = measured(background)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=True)
+        out = Outstanding(job, fit, read_workload(m), m, here, violation=True)
         return tuner, tuner._after_plan(out, Solved(Plan(preds[1], True, 0.045, preds), 0.0), now=10.0)
 
     tuner, fuller = answer(0.45)
@@ -866,7 +868,7 @@ def test_a_first_break_on_a_short_reading_is_measured_again_unless_the_queue_rea
 
     def after_no_better_plan(m: Measurement) -> Decision | None:
         tuner = Autotuner(spec(50), here)
-        out = _Outstanding(job, job.fit, read_workload(m), m, here, violation=True)
+        out = Outstanding(job, job.fit, read_workload(m), m, here, violation=True)
         return tuner._after_plan(out, None, now=10.0)
 
     chance = after_no_better_plan(reading)
@@ -919,7 +921,7 @@ def answer_open_plan(
     for i in range(4):
         for n in sizes:
             tuner.record_batch(n, fit(n), 9.0 + 0.1 * i)
-    out = _Outstanding(job, fit, read_workload(m), m, here, violation=violation)
+    out = Outstanding(job, fit, read_workload(m), m, here, violation=violation)
     return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
 
 
@@ -1219,7 +1221,7 @@ def test_a_break_at_a_limit_a_smaller_one_outpaced_goes_back_to_it() -> None:
             CandidatePrediction(wide, 1300.0, 0.030, 0.015, 60.0, 0.85, False),
         )
         job = PlanJob("open", fit, (here, wide), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=True)
+        out = Outstanding(job, fit, read_workload(m), m, here, violation=True)
         return tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=12.0)
 
     picked = planned({16: 0.9, 32: 0.79, 64: 0.87})
@@ -1831,7 +1833,7 @@ def answer_nothing_better(m: Measurement, *, violation: bool) -> tuple[Autotuner
     fit = LatencyFit(1.0e-3, 2.0e-3)
     job = PlanJob("closed", fit, (here,), 0.045, 0.0, 2000, clients=32, think_s=0.0)
     tuner = Autotuner(spec(50), here, cores=1)
-    out = _Outstanding(job, fit, read_workload(m), m, here, violation=violation)
+    out = Outstanding(job, fit, read_workload(m), m, here, violation=violation)
     return tuner, tuner._after_plan(out, Solved(Plan(preds[0], True, 0.045, preds), 0.0), now=10.0)
 
 
@@ -1865,7 +1867,7 @@ def test_a_closed_loop_on_one_core_is_never_planned_below_the_batches_it_forms()
 
     def answer(cores: int) -> Decision | None:
         tuner = Autotuner(spec(50), here, cores=cores)
-        out = _Outstanding(job, fit, read_workload(reading), reading, here, violation=True)
+        out = Outstanding(job, fit, read_workload(reading), reading, here, violation=True)
         return tuner._after_plan(out, Solved(Plan(preds[1], True, 0.045, preds), 0.0), now=10.0)
 
     kept = answer(cores=1)
@@ -1892,7 +1894,7 @@ def test_a_closed_loop_whose_batches_hold_every_client_keeps_a_delay_that_merges
         )
         job = PlanJob("closed", fit, (here, to), 0.045, 0.0, 2000, clients=16, think_s=0.0)
         tuner = Autotuner(spec(50), here, cores=cores)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        out = Outstanding(job, fit, read_workload(m), m, here, violation=False)
         return tuner._after_plan(out, Solved(Plan(preds[1], True, 0.045, preds), 0.0), now=10.0)
 
     short = TuningParams(16, 0.003)
@@ -1923,7 +1925,7 @@ def test_a_closed_loops_plan_must_promise_more_than_the_incumbent_serves_as_meas
         )
         job = PlanJob("closed", fit, (here, wide), 0.045, 0.0, 2000, clients=16, think_s=0.0)
         tuner = Autotuner(spec(50), here, cores=0)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        out = Outstanding(job, fit, read_workload(m), m, here, violation=False)
         return tuner._after_plan(out, Solved(Plan(preds[1], True, 0.045, preds), 0.0), now=10.0)
 
     assert read_workload(reading).closed
@@ -1952,7 +1954,7 @@ def test_a_closed_loops_predicted_tail_is_never_below_its_round_trip_in_the_serv
             CandidatePrediction(small, small_items_per_s, 0.0023, 0.002, 8.0, 0.9, True),
         )
         tuner = Autotuner(spec(50), here)
-        out = _Outstanding(job, fit, read_workload(reading), reading, here, violation=True)
+        out = Outstanding(job, fit, read_workload(reading), reading, here, violation=True)
         return tuner._after_plan(out, Solved(Plan(preds[1], True, 0.045, preds), 0.0), now=10.0)
 
     same_pace = answer(1400.0)
@@ -1992,7 +1994,7 @@ def test_a_plan_that_found_nothing_better_is_not_asked_again_for_the_same_closed
         if kept_at is not None:
             preds = (CandidatePrediction(here, 1779.0, 0.044, 0.034, 32.0, 0.84, True),)
             job = PlanJob("closed", LatencyFit(0.45e-3, 0.5e-3), (here,), 0.045, 0.0, 2000, clients=64, think_s=0.0)
-            out = _Outstanding(job, job.fit, read_workload(reading), reading, here, violation=True)
+            out = Outstanding(job, job.fit, read_workload(reading), reading, here, violation=True)
             kept = tuner._after_plan(out, Solved(Plan(preds[0], True, 0.045, preds), 0.0), now=kept_at)
             assert kept is not None and kept.detail["knob"] == "kept" and not kept.changed
         tuner._on_violation(m, at)
@@ -2036,7 +2038,7 @@ def test_a_break_waits_for_the_search_plan_being_solved_for_the_same_setting() -
     kept = (CandidatePrediction(here, 1540.0, 0.044, 0.034, 16.0, 0.84, True),)
     for clients, at in ((64, 10.0), (80, 11.0)):
         m = replace(reading, peak_in_server=clients)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        out = Outstanding(job, fit, read_workload(m), m, here, violation=False)
         tuner._after_plan(out, Solved(Plan(kept[0], True, 0.045, kept), 0.0), now=at)
     assert tuner._plan_fruitless(read_workload(reading), 12.5)
 

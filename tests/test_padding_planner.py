@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from batchpilot.runtime.autotune_model import LatencyFit, Measurement, TuningParams, read_workload
-from batchpilot.runtime.autotuner import Autotuner, Decision, _Outstanding
+from batchpilot.runtime.autotuner import Autotuner, Decision
 from batchpilot.runtime.batch_planner import CandidatePrediction, Plan
 from batchpilot.runtime.batching.policy import LengthGroupPolicy
 from batchpilot.runtime.batching.queue import BatchQueue
 from batchpilot.runtime.batching.request import Pending
 from batchpilot.runtime.padding_planner import group_lengths, plan_padding
 from batchpilot.runtime.plan_jobs import PlanJob, Solved
+from batchpilot.runtime.tuner.state import Outstanding
 from batchpilot.spec.model import AutotuneSpec
 
 
@@ -134,7 +135,7 @@ def test_no_budget_trial_starts_from_an_epoch_over_the_slo() -> None:
         )  # fmt: skip
         job = PlanJob("open", fit, (here,), 0.18, 0.0, 2000, arrival_rate=m.arrival_rate)
         only = CandidatePrediction(here, 1300.0, 0.04, 0.02, 12.0, 0.8, False)
-        out = _Outstanding(job, fit, read_workload(m), m, here, violation=False)
+        out = Outstanding(job, fit, read_workload(m), m, here, violation=False)
         return tuner._after_plan(out, Solved(Plan(only, True, 0.04, (only,)), 0.0), now=3.5)
 
     within = answered(0.150)

@@ -1,0 +1,1 @@
+"""The autotuner's rules, layered (see `state.py`); `runtime/autotuner.py` assembles them."""
