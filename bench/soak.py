@@ -24,7 +24,9 @@ cannot slow the load down) over keep-alive connections opened as needed; latency
 scheduled arrival, as in the capacity search. The servers are pinned to core 0, this load generator to core 1
 (as in the other benchmarks). Reported: errors (the goal is 0), refusals (429/503 answers), latency and p99
 against the SLO, the client's lateness p99 (its send minus the scheduled arrival; above 5 ms the client, not
-the server, set the pace: flagged), and the soaked server's RSS over time (growth = a leak).
+the server, set the pace: flagged), and the soaked server's RSS over time (growth = a leak), with its open file
+descriptors and the client's open connections beside it (a stall makes the client open more connections, each of
+which the server holds until it is idle for its keep-alive time).
 
 Wall time at the defaults: about 1.5-6.5 min of capacity measurement (servers' start, 13 s closed loop, a
 search of at most 90 s, one to five 60-s confirmations) plus the 600-s soak: 12-17 min. (Two confirmations were
@@ -84,6 +86,11 @@ class Soak:
     latencies_s: list[float] = field(default_factory=list)  # from the scheduled arrival, status 200 only
     lags_s: list[float] = field(default_factory=list)  # each request's send minus its scheduled arrival
     rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the soak, MiB)
+    # Beside each RSS sample: the server's open file descriptors (its connections and ~30 others) and the
+    # connections this client holds open (the most it needed at once over the server's keep-alive time).
+    fds: list[int] = field(default_factory=list)
+    connections: list[int] = field(default_factory=list)
+    most_connections: int = 0
 
     @property
     def errors(self) -> int:
@@ -99,15 +106,28 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     tasks: set[asyncio.Task[None]] = set()
     rng = np.random.default_rng(0)
+    opened = 0
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        nonlocal opened
+        conn = await asyncio.open_connection("127.0.0.1", served.http)
+        opened += 1
+        result.most_connections = max(result.most_connections, opened)
+        return conn
+
+    def close(writer: asyncio.StreamWriter) -> None:
+        nonlocal opened
+        writer.close()
+        opened -= 1
 
     async def one(request: bytes, at: float) -> None:
         reused = bool(idle)
-        conn = idle.pop() if reused else await asyncio.open_connection("127.0.0.1", served.http)
+        conn = idle.pop() if reused else await connect()
         result.lags_s.append(time.perf_counter() - at)
         try:
             reply = await exchange(*conn, request)
         except (ConnectionError, asyncio.IncompleteReadError):
-            conn[1].close()
+            close(conn[1])
             if not reused:
                 result.failures += 1
                 return
@@ -115,12 +135,12 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
             # was already closed never reached the server. Retry it once on a fresh connection, as HTTP
             # clients do, and count it apart.
             result.stale_retries += 1
-            conn = await asyncio.open_connection("127.0.0.1", served.http)
+            conn = await connect()
             try:
                 reply = await exchange(*conn, request)
             except (ConnectionError, asyncio.IncompleteReadError):
                 result.failures += 1
-                conn[1].close()
+                close(conn[1])
                 return
         result.statuses[reply.status] = result.statuses.get(reply.status, 0) + 1
         if reply.status == 200:
@@ -132,6 +152,8 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
     while (now := time.perf_counter() - start) < duration_s:
         if now >= next_rss:
             result.rss.append((now, served.rss_mib()))
+            result.fds.append(open_fds(served.proc.pid))
+            result.connections.append(opened)
             next_rss += RSS_EVERY_S
         task = asyncio.create_task(one(requests[int(rng.integers(len(requests)))], start + next_at))
         tasks.add(task)
@@ -142,9 +164,19 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
         await asyncio.sleep(max(0.0, start + next_at - time.perf_counter()))
     await asyncio.gather(*tasks)
     result.rss.append((time.perf_counter() - start, served.rss_mib()))
+    result.fds.append(open_fds(served.proc.pid))
+    result.connections.append(opened)
     for _, writer in idle:
-        writer.close()
+        close(writer)
     return result
+
+
+def open_fds(pid: int) -> int:
+    """The process's open file descriptors (-1 when they cannot be read)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
 
 
 def static_specs_env(model: str, size: int, delay_ms: float) -> dict[str, str]:
@@ -361,7 +393,14 @@ def main() -> int:
     print()
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    print("\nRSS (MiB) per minute: " + ", ".join(f"{mib:.0f}" for t, mib in result.rss if t % 60 < RSS_EVERY_S))
+    minutes = [i for i, (t, _) in enumerate(result.rss) if t % 60 < RSS_EVERY_S]
+    print("\nRSS (MiB) per minute: " + ", ".join(f"{result.rss[i][1]:.0f}" for i in minutes))
+    print("server open fds per minute: " + ", ".join(str(result.fds[i]) for i in minutes))
+    print(
+        "client connections per minute: "
+        + ", ".join(str(result.connections[i]) for i in minutes)
+        + f" (most at once: {result.most_connections})"
+    )
     return 0 if result.errors == 0 and code == 0 else 1
 
 
