@@ -292,7 +292,8 @@ class BreakRules(Planning):
 
     def _verdict(self, m: Measurement, now: float) -> Decision | None:
         """Flip the SLO verdict on the incumbent's figures: infeasible when it misses the SLO once
-        the search has settled, feasible again once it meets the SLO with margin in HOLD_EPOCHS epochs in a row."""
+        the search has settled, feasible again once it meets the SLO with margin (a held open loop: in
+        HOLD_EPOCHS epochs in a row)."""
         if self._feasible and self._settled and m.p99_s > self._slo_s and not self._absorbed(m, now):
             return self._declare_infeasible(m, now)
         if self._feasible or self._hopeless():
@@ -301,7 +302,7 @@ class BreakRules(Planning):
             self._held = None if self._held is None else 0
             return None
         if self._held is not None and self._held + 1 < HOLD_EPOCHS:
-            self._held += 1  # one epoch within the SLO can be chance
+            self._held += 1  # a held open loop: one epoch within the SLO can be chance
             return None
         self._feasible, self._held = True, None
         return Decision(self._params, "feasible", self._figures(m), changed=False)
@@ -312,11 +313,8 @@ class BreakRules(Planning):
         return fit is not None and not fit.one_size and fit(self._lo_n) > self._slo_s
 
     def _declare_infeasible(self, m: Measurement, now: float) -> Decision:
-        """From here on the search minimises p99; nothing waits in vain for a lost cause. The verdict holds until
-        HOLD_EPOCHS epochs in a row meet the SLO with margin (`_verdict`): live (run AS, textcls soaks at 85% load),
-        with one such epoch enough, the verdict flipped 12 times in 8 minutes, each flip a log line and a status change,
-        the setting the same throughout."""
-        self._feasible, self._held = False, 0
+        """From here on the search minimises p99; nothing waits in vain for a lost cause."""
+        self._feasible = False
         waits = self._params.max_queue_delay_s > self._lo_d and self._params != self._planned
         w, shorter = read_workload(m), replace(self._incumbent, max_queue_delay_s=self._lo_d)
         # (A frugal loop's delay fills its batches, as does a busy open loop's that `_emptier` keeps: live, run W2

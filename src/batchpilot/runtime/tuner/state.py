@@ -102,7 +102,7 @@ class TunerState:
         self._remembered: dict[int, tuple[TuningParams, float]] = {}  # clients -> a search's settled setting, items/s
         self._breaks: dict[TuningParams, float] = {}  # an open loop's settings that broke the SLO in a row: p99
         self._broke: set[TuningParams] = set()  # settings that broke the SLO since an epoch last met it (any load)
-        self._held: int | None = None  # declared infeasible: epochs in a row since that met the SLO with margin
+        self._held: int | None = None  # held as infeasible (`_futile`): epochs in a row since that met the SLO
         self._cores = cores
         self._lo_n: int = b.min_batch_size
         self._ceiling: int = b.max_batch_size
