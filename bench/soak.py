@@ -147,13 +147,16 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
             result.latencies_s.append(time.perf_counter() - at)
         idle.append(conn)
 
+    def sample(at: float) -> None:
+        result.rss.append((at, served.rss_mib()))
+        result.fds.append(served.open_fds())
+        result.connections.append(opened)
+
     start = time.perf_counter()
     next_rss = next_at = 0.0
     while (now := time.perf_counter() - start) < duration_s:
         if now >= next_rss:
-            result.rss.append((now, served.rss_mib()))
-            result.fds.append(open_fds(served.proc.pid))
-            result.connections.append(opened)
+            sample(now)
             next_rss += RSS_EVERY_S
         task = asyncio.create_task(one(requests[int(rng.integers(len(requests)))], start + next_at))
         tasks.add(task)
@@ -163,20 +166,10 @@ async def soak(served: Served, requests: list[bytes], rate: float, duration_s: f
         next_at += rng.exponential(1.0 / rate)
         await asyncio.sleep(max(0.0, start + next_at - time.perf_counter()))
     await asyncio.gather(*tasks)
-    result.rss.append((time.perf_counter() - start, served.rss_mib()))
-    result.fds.append(open_fds(served.proc.pid))
-    result.connections.append(opened)
+    sample(time.perf_counter() - start)
     for _, writer in idle:
         close(writer)
     return result
-
-
-def open_fds(pid: int) -> int:
-    """The process's open file descriptors (-1 when they cannot be read)."""
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return -1
 
 
 def static_specs_env(model: str, size: int, delay_ms: float) -> dict[str, str]:

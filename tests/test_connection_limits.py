@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import time
 import urllib.request
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
-from test_hardening_server import GRPC_INFER, Served, grpc_token_request, server_process
+from test_hardening_server import GRPC_INFER, grpc_token_request, server_process
 
 HEADER_S, BODY_S, IDLE_S = 2.0, 3.0, 2.0
 LIMITS = ["--header-timeout", str(HEADER_S), "--body-timeout", str(BODY_S), "--keep-alive-timeout", str(IDLE_S)]
@@ -51,10 +50,6 @@ def metric(port: int, name: str, reason: str | None = None) -> float:
     labels = f'{{reason="{reason}"}}' if reason is not None else ""
     found = re.search(rf"^{name}_total{re.escape(labels)} (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
-
-
-def open_fds(served: Served) -> int:
-    return len(os.listdir(f"/proc/{served.proc.pid}/fd"))
 
 
 @dataclass
@@ -182,7 +177,7 @@ def test_slow_and_idle_clients_are_closed_in_time_while_good_ones_are_served(
         port = served.http
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=30).read()
         time.sleep(0.5)
-        fds_before = open_fds(served)
+        fds_before = served.open_fds()
         clients, good = asyncio.run(flood(port, served.grpc))
         late = [
             (c.kind, c.closed_after_s)
@@ -196,9 +191,9 @@ def test_slow_and_idle_clients_are_closed_in_time_while_good_ones_are_served(
         ]
         timed_out = {r: metric(port, "batchpilot_connections_timed_out", r) for r in ("header", "body", "idle")}
         deadline = time.monotonic() + 10
-        while open_fds(served) > fds_before + 2 and time.monotonic() < deadline:
+        while served.open_fds() > fds_before + 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        fds_after = open_fds(served)
+        fds_after = served.open_fds()
         by_kind = {k: [c.closed_after_s for c in clients if c.kind == k] for k in {c.kind for c in clients}}
         summary = {k: f"{min(v):.2f}-{max(v):.2f} s" for k, v in by_kind.items() if None not in v}
         p50, p99 = np.percentile(good.seconds, [50, 99])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -44,6 +45,10 @@ class Served:
     def rss_mib(self) -> float:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+    def open_fds(self) -> int:
+        """The server's open file descriptors: its connections and its own files."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def stop(self) -> int:
         """SIGTERM; the exit status (raises if it outlives the grace period)."""
