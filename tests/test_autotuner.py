@@ -1017,6 +1017,31 @@ def test_an_open_loop_on_a_saturated_core_is_never_planned_a_longer_delay() -> N
     assert idle_core is not None and idle_core.params == longer
 
 
+def test_an_epoch_without_cpu_readings_reads_the_core_as_last_measured() -> None:
+    """An epoch cut short by a violation (0.25 s after a change) may hold no two CPU readings: its core shares read 0.
+    Live (soak AT2, textcls at 85% load), such a break at 16 / 0 ms passed for a core not saturated, and its plan moved
+    to 32 / 8 ms (predicted p99 76 ms, read 80-104), where the soak was then held. The core reads as last measured, so
+    no plan lengthens the delay there; a tuner that never measured it still reads it as idle."""
+    here = TuningParams(16, 0.0)
+    measured = Measurement(
+        params=TuningParams(16, 0.002), duration_s=2.0, completed=1750, items_per_s=875.1, arrival_rate=903.0,
+        company_share=1.0, mean_s=0.0206, mean_se=0.0005, mean_wait_s=0.0085, p99_s=0.0571, utilization=0.901,
+        largest_batch=16, mean_batch=10.1, peak_in_server=46, low_in_server=5, lag_ratio=1.03, own_cpu=0.996,
+        frontend_cpu_s=0.215e-3,
+    )  # fmt: skip
+    short = replace(
+        measured, params=here, duration_s=0.25, completed=215, items_per_s=858.7, arrival_rate=1000.3, p99_s=0.0514,
+        utilization=0.822, mean_batch=13.86, peak_in_server=44, low_in_server=10, own_cpu=0.0, frontend_cpu_s=None,
+    )  # fmt: skip
+    w, longer = read_workload(short), TuningParams(32, 0.008)
+    assert not w.closed
+    tuner = Autotuner(spec(50), here)
+    assert tuner._saturated(measured)
+    assert tuner._waits_longer(longer, short, w) and not tuner._idle(replace(short, utilization=0.4))
+    fresh = Autotuner(spec(50), here)
+    assert not fresh._waits_longer(longer, short, w) and fresh._idle(replace(short, utilization=0.4))
+
+
 def soak_break(
     p99s: dict[TuningParams, float], **figures: float
 ) -> tuple[Measurement, tuple[CandidatePrediction, ...]]:

@@ -87,10 +87,18 @@ class BatchReadings(TunerState):
         from the others, so a setting that spends more per item (smaller batches, a delay that leaves before they
         fill) cannot serve this model faster without slowing them: with two demo models live, picks of 4 / 4 ms and
         backoffs to a delay of 0 from 16 / 2 ms held resnet-mini at p99 60-88 ms where 16 / 10 ms holds 43."""
-        if m.frontend_cpu_s is not None:  # (an epoch cut short by a violation may hold no two CPU readings)
-            self._shares = (m.own_cpu, m.background_cpu)
-        own, others = self._shares
+        own, others = self._core(m)
         return self._cores == 1 and w.closed and others >= BESIDE and own + others >= SATURATED
+
+    def _core(self, m: Measurement) -> tuple[float, float]:
+        """The shares of the core this model and the others took: the epoch's, or the last measured where it holds no
+        two CPU readings (an epoch cut short by a violation, 0.25-0.5 s after a change). Read as 0 there, such an epoch
+        passed for an idle core: live (soak AT2, textcls at 85% load), a break 0.25 s after a change read the core 0%
+        busy, and its plan moved 16 / 0 -> 32 / 8 ms, a longer delay than any plan may pick on a saturated core
+        (`_waits_longer`); held there as infeasible, the soak read p99 56 ms."""
+        if m.frontend_cpu_s is not None or m.own_cpu or m.background_cpu:  # (without readings: None, 0 and 0)
+            self._shares = (m.own_cpu, m.background_cpu)
+        return self._shares
 
     def _no_emptier(self, p: TuningParams, m: Measurement) -> bool:
         """Does `p` gather batches at least as full as the incumbent's (a limit no lower than the batches it ran,
@@ -225,8 +233,7 @@ class BatchReadings(TunerState):
         at = self._limits_put.get(max_batch_size)
         return at is not None and now - at < FIT_MEMORY_S
 
-    @staticmethod
-    def _emptier(params: TuningParams, m: Measurement, w: Workload) -> bool:
+    def _emptier(self, params: TuningParams, m: Measurement, w: Workload) -> bool:
         """Would `params` shorten an open loop's delay while it gathers the batches (they leave short of the limit) on a
         core that is not idle? They would leave emptier, each item then costing more of the core its bursts queue for,
         while the delay itself adds at most its own length to a tail the queue sets (live, run S: 16 / 2 -> 16 / 0 ms
@@ -234,16 +241,15 @@ class BatchReadings(TunerState):
         p99 102-143 ms over rows where 16 / 2 ms alone held 15-41 ms). Full batches leave when full, whatever the
         delay."""
         shorter = params.max_queue_delay_s < m.params.max_queue_delay_s
-        return not w.closed and shorter and m.full_share < FULL_SHARE and not BatchReadings._idle(m)
+        return not w.closed and shorter and m.full_share < FULL_SHARE and not self._idle(m)
 
-    @staticmethod
-    def _waits_longer(params: TuningParams, m: Measurement, w: Workload) -> bool:
+    def _waits_longer(self, params: TuningParams, m: Measurement, w: Workload) -> bool:
         """Would `params` lengthen an open loop's delay on a saturated core? There batches form from the queue while the
         executor runs, and a delay only holds back the items that find it idle. Live, at 80-95% load with the core
         94-99% busy, plans (at breaks too) went 16 / 2 -> 32 / 8, 32 / 10 and 64 / 8 ms, predicted p99 22-51 ms, and
         read 53-83 ms (textcls; 1.3 s at 64 / 8) where 16 / 2 or 32 / 1 ms alone held 35-43 (runs U F1, F2 and V A)."""
         longer = params.max_queue_delay_s > m.params.max_queue_delay_s
-        return not w.closed and longer and BatchReadings._saturated(m)
+        return not w.closed and longer and self._saturated(m)
 
     def _content(self, m: Measurement, w: Workload) -> bool:
         """Is this an open loop within the SLO (with the trial margin) on a saturated core? Every stable setting serves
@@ -253,15 +259,13 @@ class BatchReadings(TunerState):
         58-61 ms (runs U F1, V A)."""
         return not w.closed and self._saturated(m) and m.p99_s <= TRIAL_MARGIN * self._slo_s
 
-    @staticmethod
-    def _saturated(m: Measurement) -> bool:
-        """Is the core this model runs on (its executor, its front-ends and other models) mostly busy?"""
-        return m.own_cpu + m.background_cpu >= SATURATED
+    def _saturated(self, m: Measurement) -> bool:
+        """Is the core this model runs on (its executor, its front-ends and other models) mostly busy (`_core`)?"""
+        return sum(self._core(m)) >= SATURATED
 
-    @staticmethod
-    def _idle(m: Measurement) -> bool:
-        """Are the executor and the core it shares with the front-ends both mostly idle?"""
-        return m.utilization < IDLE and m.own_cpu + m.background_cpu < IDLE
+    def _idle(self, m: Measurement) -> bool:
+        """Are the executor and the core it shares with the front-ends both mostly idle (`_core`)?"""
+        return m.utilization < IDLE and sum(self._core(m)) < IDLE
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:

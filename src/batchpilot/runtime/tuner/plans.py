@@ -293,8 +293,7 @@ class Planning(BatchReadings):
         """The share of the core other models took that the plan does not simulate `beside` this one."""
         return min(max(m.background_cpu - sum(nb.core_share for nb in beside), 0.0), MAX_BACKGROUND)
 
-    @staticmethod
-    def _below_the_queue(m: Measurement, params: TuningParams) -> bool:
+    def _below_the_queue(self, m: Measurement, params: TuningParams) -> bool:
         """Would `params` lower an open loop's limit while its core is not idle, or keep one its full batches leave a
         queue behind? At a delay of 0 a limit only caps what the queue forms, and its bursts set the tail; the fit's
         fixed cost is least known for sizes below those seen (NLP batches pad to longer lengths as they grow, so the
@@ -308,7 +307,7 @@ class Planning(BatchReadings):
         n = m.params.max_batch_size
         if m.full_share >= FULL_SHARE and m.peak_in_server > n and params.max_batch_size <= n:
             return True
-        return not BatchReadings._idle(m) and params.max_batch_size < max(n, m.mean_batch)
+        return not self._idle(m) and params.max_batch_size < max(n, m.mean_batch)
 
     def _beside_moved(self) -> bool:
         """Has another model on the core changed its setting (or come or gone) since the last plan?"""
