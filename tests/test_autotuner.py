@@ -1180,16 +1180,14 @@ def test_an_open_loop_that_keeps_pace_never_doubles_a_limit_its_batches_leave_sh
     )  # fmt: skip
     assert not read_workload(m).closed
 
-    def fitted() -> Autotuner:
-        return fitted_tuner(here, (4, 8, 12, 16), wall=(0.884e-3, 1.81e-3), cpu=(0.884e-3, 1.81e-3))
+    def fitted(params: TuningParams = here) -> Autotuner:
+        return fitted_tuner(params, (4, 8, 12, 16), wall=(0.884e-3, 1.81e-3), cpu=(0.884e-3, 1.81e-3))
 
     assert fitted()._backoff(m) is None
     full = replace(m, full_share=0.8, mean_batch=15.2)
     assert fitted()._backoff(full) == TuningParams(16, 0.0)  # (the delay first)
     at_0 = TuningParams(16, 0.0)
-    assert fitted_tuner(at_0, (4, 8, 12, 16), wall=(0.884e-3, 1.81e-3), cpu=(0.884e-3, 1.81e-3))._backoff(
-        replace(full, params=at_0)
-    ) == TuningParams(32, 0.0)
+    assert fitted(at_0)._backoff(replace(full, params=at_0)) == TuningParams(32, 0.0)
     assert fitted()._backoff(replace(m, arrival_rate=1000.0)) == wider  # (served 10% short of the arrivals)
 
 

@@ -186,10 +186,10 @@ class BreakRules(Planning):
         shorter = replace(p, max_queue_delay_s=self._lo_d)
         if p.max_queue_delay_s > self._lo_d and not self._emptier(shorter, m, w):
             return shorter
-        queued_s = m.mean_wait_s
+        queued_s, grows = m.mean_wait_s, self._queue_grows(m)
         short_of_capacity = (
             m.utilization >= BOTTLENECK
-            or self._queue_grows(m)
+            or grows
             or queued_s > 2 * (m.mean_s - queued_s)
             # Batches leave full from a busy executor: the size limit binds, and halving it would only
             # lengthen the queue. (The executor may never look 90% busy when it shares its core with
@@ -203,7 +203,7 @@ class BreakRules(Planning):
             # soak at 85% load: 4 / 0 -> 2 / 0 ms with the core 76% busy, and the next break came 0.3 s later).
             or (not w.closed and not self._idle(m))
         )
-        if short_of_capacity and not w.closed and m.full_share < FULL_SHARE and not self._queue_grows(m):
+        if short_of_capacity and not w.closed and m.full_share < FULL_SHARE and not grows:
             # An open loop that keeps pace with batches that leave short of the limit is not held back by it: a
             # doubled limit adds no capacity it needs, and only lets the next burst form batches that run twice as
             # long, every item behind them waiting that out. Live, soaks at 85% load (textcls): breaks at 16 / 2 and
@@ -217,8 +217,7 @@ class BreakRules(Planning):
         # fit over batches of 10-16 read 0.1 ms a batch where 3 were true, gave 32 no gain, and 16 / 0 ms held while
         # the queue grew to 1,900 in 20 s).
         if served is not None and (
-            self._capacity_to_spare(p, m, w, served)
-            or (not self._queue_grows(m) and not self._doubling_pays(p, served))
+            self._capacity_to_spare(p, m, w, served) or (not grows and not self._doubling_pays(p, served))
         ):
             return None
         return self._resized(p, 1 if short_of_capacity else -1, m)
