@@ -98,8 +98,9 @@ class Autotuner(Search):
             self._token_batches.append((tokens, compute_s if cpu_s is None else cpu_s))
         self._epoch_at(now).add_batch(size, compute_s, now, cpu_s)
         self._in_server = max(0, self._in_server - size)
-        if self._memory.record(size, compute_s, compute_s if cpu_s is None else cpu_s, now):
-            self._count_first_pace(size, compute_s, now)
+        cpu = compute_s if cpu_s is None else cpu_s
+        if self._memory.record(size, compute_s, cpu, now):
+            self._count_first_pace(size, compute_s, cpu, now)
         self._items.append((now, size))
 
     def record_request(self, latency_s: float, queue_wait_s: float, now: float, *, front_s: float = 0.0) -> None:
@@ -280,8 +281,9 @@ class Autotuner(Search):
 
     def _confirms(self, t: Measurement, inc: Measurement | None) -> bool:
         """Does the measured trial hold up against the incumbent? A planned setting stays unless it
-        measurably loses: a broken SLO the incumbent kept, fewer items/s beyond the noise, or the same
-        items/s with a clearly longer tail. (Both missing the SLO: the lower p99 stays.) A padding budget
+        measurably loses: a broken SLO the incumbent kept, fewer items/s beyond the noise, the same
+        items/s from a wider limit whose full batches ran measurably slower (`_paced_below`), or the same items/s with
+        a clearly longer tail. (Both missing the SLO: the lower p99 stays.) A padding budget
         tried alone stays only if it cost the executor less time per item, the gain it was tried for."""
         if inc is None:
             return True
@@ -300,6 +302,8 @@ class Autotuner(Search):
             return False
         if t.items_per_s > (1 + band) * inc.items_per_s:
             return True
+        if self._paced_below(t, inc):
+            return False  # (the same items/s within the count's noise, but its batches measurably slower)
         return t.p99_s <= TAIL_SLACK[0] * inc.p99_s + TAIL_SLACK[1]
 
     @staticmethod

@@ -42,6 +42,7 @@ LOAD_MOVED = 1.5  # a closed loop's population this many times another's is anot
 PACE_BATCHES = 8  # recent batches of a size behind its measured pace (`_pace`)...
 SLOWER = 1.25  # ...and how much more items/s a smaller limit's must have served for a larger one to count as slower
 PACE_SETTLE_S = 2.0  # ...counting no batch that ran within this long of its limit's latest start
+MEDIAN_SE = 1.2533  # a median's standard error over the mean's (normal samples): `_paced_below`'s noise
 IDLE_AFTER_S = 1.0  # nothing in the server and nothing arrived for this long: the model takes none of the core
 REMEMBERED = 8  # closed-loop populations whose settled setting is kept (`_recall`)
 FELL_BATCHES = 8  # a closed loop's latest batches over which its population is read again within an epoch (`_fell`)...

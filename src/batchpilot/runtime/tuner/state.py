@@ -138,9 +138,9 @@ class TunerState:
         self._quick: Epoch | None = None  # the epoch measuring a closed loop's fallen population (`_fell`)
         self._in_server = 0  # items arrived and not yet executed
         self._last_arrival_at = -math.inf
-        # Wall times of a limit's first PACE_BATCHES full batches past PACE_SETTLE_S of its latest start: its pace
+        # Costs (`_cost`) of a limit's first PACE_BATCHES full batches past PACE_SETTLE_S of its latest start: its pace
         # beside the limit it replaced (`_outpaced`).
-        self._first_walls: dict[int, list[float]] = {}
+        self._first_costs: dict[int, list[float]] = {}
         self._answers: deque[tuple[float, float]] = deque()  # (time, latency) for snapshot()
         self._items: deque[tuple[float, int]] = deque()  # (time, batch size) for snapshot()
         self._first_seen: float | None = None
@@ -193,7 +193,7 @@ class TunerState:
         self._params = to
         self._new_epoch(now)
         self._limits_put[to.max_batch_size] = now
-        self._first_walls.pop(to.max_batch_size, None)
+        self._first_costs.pop(to.max_batch_size, None)
         self._changes += 1
         return Decision(to, reason, detail)
 
