@@ -63,7 +63,7 @@ class BatchReadings(TunerState):
     def _cost(self, wall_s: float, cpu_s: float) -> float:
         """What a batch cost the pace: its wall time, or on one core its executor's CPU time. There a wall stretches
         with whatever else the core runs meanwhile: live (textcls, one core), batches of 32 read 16% slower by their
-        walls at 64 clients than 16's had at 32, and the limit went back to 16, which then served less."""
+        walls at 64 clients than 16's had at 32, and the limit went back to 16, which broke the SLO at 1,669 items/s."""
         return cpu_s if self._cores == 1 else wall_s
 
     def _pace_of(self, n: int, costs: list[float], m: Measurement) -> tuple[float, float] | None:
@@ -75,11 +75,11 @@ class BatchReadings(TunerState):
         noise = MEDIAN_SE * float(np.std(costs, ddof=1)) / math.sqrt(len(costs)) / max(median, 1e-12)
         return self._items_per_s(n, median, m), noise
 
-    def _items_per_s(self, n: int, wall_s: float, m: Measurement) -> float:
-        """Items/s of batches of `n` items taking `wall_s` each, each item's front-end CPU added on one core (the core
-        runs both)."""
+    def _items_per_s(self, n: int, cost_s: float, m: Measurement) -> float:
+        """Items/s of batches of `n` items costing `cost_s` each (`_cost`), each item's front-end CPU added on one core
+        (the core runs both)."""
         front = (m.frontend_cpu_s or 0.0) if self._cores == 1 else 0.0
-        return n / max(wall_s + n * front, 1e-12)
+        return n / max(cost_s + n * front, 1e-12)
 
     def _paced_below(self, t: Measurement, inc: Measurement) -> bool:
         """Did the trial of a wider limit run full batches that served fewer items/s than the incumbent's full batches
@@ -106,8 +106,9 @@ class BatchReadings(TunerState):
             costs.append(self._cost(wall_s, cpu_s))
 
     def _outpaced(self, n: int, m: Measurement) -> int | None:
-        """A smaller limit put in force lately whose batches, as measured (`_pace`), served SLOWER x the items/s of
-        batches of `n` (the fastest such); None when none did or `n`'s are unmeasured. A linear d(n) cannot see a
+        """A smaller limit put in force lately whose batches, as measured (`_paced`), served more items/s than batches
+        of `n` (the fastest such): SLOWER x as many in an open loop, `faster` in a closed one; None when none did or
+        `n`'s are unmeasured. A linear d(n) cannot see a
         size whose items cost more as it grows: live (run AH3, textcls at 95% load, one core), the fit over 16 and 32
         promised 64 11% more items/s, and full batches of 64 served 575 items/s (102 ms each) where those of 32 had
         served 1,123 (25 ms); the limit was held at 64 with 700-1,050 requests standing for the row's last 20 s."""
