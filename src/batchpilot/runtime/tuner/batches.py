@@ -56,9 +56,11 @@ class BatchReadings(TunerState):
         32's first 8 batches read 491 items/s against 16's 648, and the limit went back to 16 for the rest of the row,
         where AG, before the rule, had ended three of four such rows at 32."""
         put = self._limits_put.get(n, -math.inf) if read_workload(m).closed else -math.inf
-        return self._pace_of(
-            n, [self._cost(d, c) for t, d, c in self._memory.latest(n) if not put <= t < put + PACE_SETTLE_S], m
-        )
+        return self._pace_of(n, [c for t, c in self._costs(n) if not put <= t < put + PACE_SETTLE_S], m)
+
+    def _costs(self, n: int, horizon: float | None = None) -> list[tuple[float, float]]:
+        """(finish time, `_cost`) of the kept batches of `n` items finished since `horizon` (`BatchMemory.latest`)."""
+        return [(t, self._cost(d, c)) for t, d, c in self._memory.latest(n, horizon)]
 
     def _cost(self, wall_s: float, cpu_s: float) -> float:
         """What a batch cost the pace: its wall time, or on one core its executor's CPU time. There a wall stretches
@@ -87,13 +89,13 @@ class BatchReadings(TunerState):
         (3 / sqrt(answers)) is 5-9% over a 1.5-s epoch: a model whose items past a size cost more (a cache's knee) loses
         less than that to the wider limit, and the count keeps the trial. On this host the counts drift more still:
         live, resnet-mini's 32 / 10 ms at 32 clients read 7% under the static 16 / 3 ms in one run and 1-24% over it in
-        the next two. The trial's batches are those of its epoch, the incumbent's its size's latest."""
+        the next two. The trial's batches are those of its epoch (`_outpaced` would leave them out: they ran within
+        PACE_SETTLE_S of the limit's start), the incumbent's its size's latest."""
         big, small = t.params.max_batch_size, inc.params.max_batch_size
         if big <= small:
             return False
-        trial = [self._cost(d, c) for _, d, c in self._memory.latest(big, self._memory.last_at - t.duration_s)]
-        before = [self._cost(d, c) for _, d, c in self._memory.latest(small)]
-        wide, narrow = self._pace_of(big, trial, t), self._pace_of(small, before, t)
+        trial = [c for _, c in self._costs(big, self._memory.last_at - t.duration_s)]
+        wide, narrow = self._pace_of(big, trial, t), self._pace_of(small, [c for _, c in self._costs(small)], t)
         return wide is not None and narrow is not None and faster(narrow, wide)
 
     def _count_first_pace(self, size: int, wall_s: float, cpu_s: float, now: float) -> None:
