@@ -1911,6 +1911,36 @@ def test_a_break_of_batches_short_of_a_closed_loops_clients_is_answered_at_once_
     assert kept is not None and (kept.detail.get("knob"), kept.changed) == ("kept", False)
 
 
+def test_a_kept_break_is_forgiven_only_by_an_epoch_within_the_slo_with_margin() -> None:
+    """Run AU (resnet-mini, 64 closed-loop clients on one core): 16 / 2 ms with full batches broke the SLO at p99
+    50.4-52.5 ms and, the plan predicting nothing better, was kept three times over 14 s, an epoch just within the SLO
+    between each resetting the strike; the backoff's doubled limit then served 12% more. An epoch under the SLO by less
+    than TRIAL_MARGIN leaves the strike: the next break backs off to a limit of 32 (the clients wait behind full
+    batches). An epoch with margin forgives it: the next break is kept again."""
+    here = TuningParams(16, 0.002)
+    broke = closed_reading(here, rate=1437.0, mean_s=0.044, p99_s=0.0525, utilization=0.86, peak_in_server=64)
+    broke = replace(broke, low_in_server=49)
+    assert read_workload(broke).clients == 64
+    preds = (CandidatePrediction(here, 1437.0, 0.044, 0.044, 16.0, 0.86, True),)
+    fit = LatencyFit(0.59e-3, 1.34e-3)
+    job = PlanJob("closed", fit, (here,), 0.045, 0.0, 2000, clients=64, think_s=0.0)
+
+    def second_break(between_p99_s: float) -> Decision | None:
+        tuner = Autotuner(spec(50), here, cores=1)
+        solved = Solved(Plan(preds[0], True, 0.045, preds), 0.0)
+        out = Outstanding(job, fit, read_workload(broke), broke, here, violation=True)
+        first = tuner._after_plan(out, solved, 10.0)
+        assert first is not None and (first.detail.get("knob"), first.changed) == ("kept", False)
+        tuner._met_slo(replace(broke, p99_s=between_p99_s))
+        return tuner._after_plan(out, solved, 14.0)
+
+    backed_off = second_break(0.048)  # within the SLO (50 ms), not within 0.9 x it
+    assert backed_off is not None
+    assert (backed_off.reason, backed_off.params) == ("slo-violation", TuningParams(32, 0.002))
+    kept = second_break(0.040)
+    assert kept is not None and (kept.detail.get("knob"), kept.changed) == ("kept", False)
+
+
 def test_a_closed_loop_on_one_core_is_never_planned_below_the_batches_it_forms() -> None:
     """32 closed-loop clients on one core fill batches of 32 under 32 / 8 ms and break the SLO (56 ms). The one-core
     plan, blind to the front-ends' queue, predicts 1 / 0 ms at the same items/s with a p99 of 1.6 ms; live that pick

@@ -32,14 +32,14 @@ plan's pick (never one that broke the SLO since an epoch last met it; an open lo
 batches leave a queue behind, nor grows it past twice the largest batch fitted, nor lowers its limit or the delay that
 gathers its batches unless the core is idle; a
 closed loop's predicted p99 is never below its clients' round trip in the server, by Little's law). With nothing
-predicted to do better, a first break is measured again from after it (a stall passes; the setting was the best known);
-a second in a row, a tail over twice the SLO, a growing open-loop queue, or no fit over several sizes backs off
-multiplicatively (the delay drops to its minimum unless it gathers an open loop's batches on a busy core, else the batch
-size doubles when the executor is the bottleneck or the core is not idle, but not an open loop's whose full batches
-would serve its arrivals with room to spare, or halves when the batches are; a closed
-loop's batches short of its clients take the delay its front-ends need to bring the missing items). An open loop that
-breaks the SLO at three settings in a row is declared infeasible, and the one with the largest limit (then the lowest
-tail) among them is held.
+predicted to do better, a first break is measured again from after it (a stall passes; the setting was the best
+known); a second before an epoch met the SLO with margin, a tail over twice the SLO, a growing open-loop queue, or no
+fit over several sizes backs off multiplicatively (the delay drops to its minimum unless it gathers an open loop's
+batches on a busy core, else the batch size doubles when the executor is the bottleneck or the core is not idle, but
+not an open loop's whose full batches would serve its arrivals with room to spare, or halves when the batches are; a
+closed loop's batches short of its clients take the delay its front-ends need to bring the missing items). An open
+loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the largest limit (then
+the lowest tail) among them is held.
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
 core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
@@ -224,9 +224,7 @@ class Autotuner(Search):
             return None  # (a plan asked for: its answer decides)
         m = epoch.measure(now, self._in_server)
         if m.p99_s <= self._slo_s:
-            self._strike = None
-            self._breaks.clear()
-            self._broke.clear()
+            self._met_slo(m)
         if self._params != self._incumbent:  # a trial ends
             if self._inc_meas is not None and self._load_changed(m, self._inc_meas):
                 return self._judged_elsewhere(m, self._inc_meas, now)

@@ -283,6 +283,17 @@ class BreakRules(Planning):
             return self._resized(p, 1, m)
         return None
 
+    def _met_slo(self, m: Measurement) -> None:
+        """An epoch within the SLO: the breaks in a row end. A kept break's strike ends only where the epoch met the SLO
+        with TRIAL_MARGIN to spare: a setting whose epochs read just under the SLO between breaks is no passing stall.
+        Live (run AU, resnet-mini at 64 clients, 16 / 2 ms with full batches): breaks at p99 50.4-52.5 ms were kept
+        three times over 14 s, an epoch just within the SLO between each, before a backoff doubled the limit to 32
+        (1,437 -> 1,605 items/s)."""
+        if m.p99_s <= TRIAL_MARGIN * self._slo_s:
+            self._strike = None
+        self._breaks.clear()
+        self._broke.clear()
+
     def _nothing_better(self, m: Measurement, now: float) -> Decision | None:
         """An SLO break no plan predicts a better setting for. A first break (a stall, another process's burst) is
         measured again rather than answered by the fixed backoff, which undoes a good setting; a closed loop on one
