@@ -1299,6 +1299,25 @@ def aj_closed() -> Measurement:
     )  # fmt: skip
 
 
+def test_a_limit_outpaced_by_a_quarter_of_it_may_still_double_into_the_size_between() -> None:
+    """Live (resnet-mini, 64 closed-loop clients on one core): 64 / 10 ms was outpaced by 16's batches and went back to
+    16, whose breaks then asked to double to 32, refused as a reversal of the backoff, for the rest of the run. The
+    slow size itself stays refused; an unmeasured size between is the next backoff's, and with 32 measured slower too,
+    no doubling is left."""
+    closed = ah3_break(16, lag_ratio=0.3, refused_rate=0.0, in_server=64, peak_in_server=64, low_in_server=49)
+    closed = replace(closed, items_per_s=1437.0, arrival_rate=1437.0, full_share=1.0, mean_batch=16.0)
+    assert read_workload(closed).closed and read_workload(closed).clients == 64
+
+    def after_back_to_16(per_item_ms: dict[int, float]) -> Autotuner:
+        tuner = run_ah3(Autotuner(spec(50), TuningParams(64, 0.010), cores=1), per_item_ms)
+        back = tuner._on_violation(replace(ah3_break(64, lag_ratio=0.3), full_share=1.0), now=12.0)
+        assert back is not None and back.params == TuningParams(16, 0.010) and back.detail["knob"] == "outpaced"
+        return tuner
+
+    assert after_back_to_16({16: 0.68, 64: 0.76})._backoff(closed) == TuningParams(32, 0.010)
+    assert after_back_to_16({16: 0.68, 32: 0.76, 64: 0.76})._backoff(closed) is None
+
+
 def test_a_limit_just_put_in_force_in_a_closed_loop_is_not_outpaced_on_its_first_batches() -> None:
     """Live, run AJ (resnet-mini, a closed loop of 64 on one core): a break doubled 16 -> 32, and 32's first 8
     batches read 491 items/s against 16's 648; the limit went back to 16 and stayed. In a closed loop, batches within

@@ -240,11 +240,14 @@ class BreakRules(Planning):
 
     def _back_to(self, k: int, m: Measurement, now: float) -> Decision | None:
         """An SLO break at a limit whose batches a smaller limit `k`'s outpaced (`_outpaced`): back to `k`, whatever an
-        earlier backoff's direction; an infeasible hold stays one (at `k`)."""
+        earlier backoff's direction; an infeasible hold stays one (at `k`). A later backoff may still double `k` into an
+        unmeasured size below the slow one (`_resized` refuses the slow size itself): live (resnet-mini, 64 clients),
+        64 / 10 ms was outpaced by 16's batches, and 16 / 10 ms broke the SLO for the rest of the run at p99 57-62 ms, a
+        backoff to 32 refused as a reversal, where 32 / 2 ms static read 48-58 ms."""
         n, back = self._params.max_batch_size, replace(self._incumbent, max_batch_size=k)
         paces = {"pace_items_per_s": rounded(self._pace(n, m)), "pace_before_items_per_s": rounded(self._pace(k, m))}
         self._incumbent, self._inc_meas = back, None
-        self._backoff_dir = -1
+        self._backoff_dir = -1 if 2 * k >= n else 0
         if self._feasible:
             self._reopen()
         return self._move(back, "slo-violation:outpaced", now, {**self._figures(m), **paces})
