@@ -41,6 +41,7 @@ FULL = 0.95  # a frugal loop's batches hold this share of its clients (or its li
 LOAD_MOVED = 1.5  # a closed loop's population this many times another's is another load (a trial is not judged)
 PACE_BATCHES = 8  # recent batches of a size behind its measured pace (`_pace`)...
 SLOWER = 1.25  # ...and how much more items/s a smaller limit's must have served for a larger one to count as slower
+PACE_DRIFT = 0.08  # ...or, in a closed loop, by this much at least (paces measured apart: the host drifts between)
 PACE_SETTLE_S = 2.0  # ...counting no batch that ran within this long of its limit's latest start
 MEDIAN_SE = 1.2533  # a median's standard error over the mean's (normal samples): a pace's noise (`_pace_of`)
 IDLE_AFTER_S = 1.0  # nothing in the server and nothing arrived for this long: the model takes none of the core
