@@ -287,6 +287,7 @@ class Autotuner(Search):
             return True
         inc_ok = inc.p99_s <= self._slo_s
         band = max(0.02, comparison_noise(t, inc))
+        served_more = t.items_per_s > (1 + band) * inc.items_per_s
         if t.p99_s > self._slo_s * (TRIAL_MARGIN if inc_ok else 1.0):
             # A closed loop's round trip is its clients over the items/s served (Little's law): a trial that serves
             # more beyond the noise, its tail within the SLO, shortens it, whatever one short epoch's tail read beside
@@ -295,7 +296,7 @@ class Autotuner(Search):
             # TRIAL_MARGIN, and 16 / 2 ms then broke the SLO every 10 s for 40 s (p99 52-59 ms, 1,470-1,680 items/s).
             if not inc_ok:
                 return t.p99_s < inc.p99_s
-            return t.p99_s <= self._slo_s and read_workload(t).closed and t.items_per_s > (1 + band) * inc.items_per_s
+            return t.p99_s <= self._slo_s and read_workload(t).closed and served_more
         if not inc_ok:
             return True
         if replace(t.params, max_padding_waste=inc.params.max_padding_waste) == inc.params and not cheaper(t, inc):
@@ -305,7 +306,7 @@ class Autotuner(Search):
             return False
         if t.items_per_s < (1 - band) * inc.items_per_s:
             return False
-        if t.items_per_s > (1 + band) * inc.items_per_s:
+        if served_more:
             return True
         if self._paced_below(t, inc):
             return False  # (the same items/s within the count's noise, but its batches measurably slower)

@@ -110,11 +110,11 @@ class BatchReadings(TunerState):
 
     def _outpaced(self, n: int, m: Measurement) -> int | None:
         """A smaller limit put in force lately whose batches, as measured (`_paced`), served more items/s than batches
-        of `n` (the fastest such): SLOWER x as many in an open loop, `faster` in a closed one; None when none did or
-        `n`'s are unmeasured. A linear d(n) cannot see a
-        size whose items cost more as it grows: live (run AH3, textcls at 95% load, one core), the fit over 16 and 32
-        promised 64 11% more items/s, and full batches of 64 served 575 items/s (102 ms each) where those of 32 had
-        served 1,123 (25 ms); the limit was held at 64 with 700-1,050 requests standing for the row's last 20 s."""
+        of `n` (the fastest such): SLOWER x as many in an open loop, `faster` past PACE_DRIFT in a closed one; None when
+        none did or `n`'s are unmeasured. A linear d(n) cannot see a size whose items cost more as it grows: live (run
+        AH3, textcls at 95% load, one core), the fit over 16 and 32 promised 64 11% more items/s, and full batches of 64
+        served 575 items/s (102 ms each) where those of 32 had served 1,123 (25 ms); the limit was held at 64 with
+        700-1,050 requests standing for the row's last 20 s."""
         mine = self._paced(n, m)
         if mine is None:
             return None
