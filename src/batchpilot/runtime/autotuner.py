@@ -282,13 +282,9 @@ class Autotuner(Search):
         broken SLO (or TRIAL_MARGIN of it) the incumbent kept, short of a closed loop served faster within the SLO;
         fewer items/s beyond the noise; the same items/s from a wider limit whose full batches ran measurably slower
         (`_paced_below`), or the same items/s with a clearly longer tail. (Both missing the SLO: the lower p99 stays.) A
-        padding budget tried alone stays only if it cost the executor less time per item, the gain it was tried for.
-        An open loop's incumbent near its capacity (`_outgrown`) loses to a limit with GAIN more (`_roomier`) that kept
-        pace within the SLO."""
+        padding budget tried alone stays only if it cost the executor less time per item, the gain it was tried for."""
         if inc is None:
             return True
-        if t.p99_s <= self._slo_s and self._outgrown(inc) and self._roomier(t.params, inc) and not self._growing(t):
-            return True  # (the incumbent's tail holds only until its queue builds: one that keeps pace within it wins)
         inc_ok = inc.p99_s <= self._slo_s
         band = max(0.02, comparison_noise(t, inc))
         served_more = t.items_per_s > (1 + band) * inc.items_per_s

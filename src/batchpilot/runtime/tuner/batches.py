@@ -325,10 +325,5 @@ class BatchReadings(TunerState):
 
     @staticmethod
     def _near_capacity(params: TuningParams, fit: LatencyFit, w: Workload) -> bool:
-        return not w.closed and w.arrival_rate > OPEN_HEADROOM * full_capacity(params, fit)
-
-
-def full_capacity(params: TuningParams, fit: LatencyFit) -> float:
-    """Items/s that full batches of `params`' limit serve by `fit`."""
-    n = params.max_batch_size
-    return n / max(fit(n), 1e-12)
+        n = params.max_batch_size
+        return not w.closed and w.arrival_rate > OPEN_HEADROOM * n / max(fit(n), 1e-12)

@@ -14,7 +14,6 @@ from batchpilot.runtime.autotune_model import (
     Workload,
     read_workload,
 )
-from batchpilot.runtime.tuner.batches import full_capacity
 from batchpilot.runtime.tuner.figures import in_ms, rounded
 from batchpilot.runtime.tuner.knobs import (
     BACKLOG_SLOS,
@@ -44,8 +43,7 @@ class BreakRules(Planning):
     def _on_violation(self, m: Measurement, now: float) -> Decision | None:
         """The p99 is over the SLO in this epoch: leave a trial at once, else back off."""
         trial = self._params != self._incumbent
-        inc = self._inc_meas
-        if trial and inc is not None and inc.p99_s <= self._slo_s and not self._outgrown(inc):
+        if trial and self._inc_meas is not None and self._inc_meas.p99_s <= self._slo_s:
             self._rejected.add(self._params)
             self._planned = None
             return self._move(self._incumbent, "slo-violation", now, self._figures(m))
@@ -224,6 +222,12 @@ class BreakRules(Planning):
             return None
         return self._resized(p, 1 if short_of_capacity else -1, m)
 
+    def _served_fit(self, m: Measurement) -> LatencyFit | None:
+        """d(n) as the core serves it (`_open_fit`), None before a fit over several sizes (where a doubled limit's
+        worth is unknown: the backoff doubles)."""
+        fit = self._memory.fit()
+        return None if fit is None or fit.one_size else self._open_fit(m, fit)
+
     def _doubling_pays(self, p: TuningParams, served: LatencyFit) -> bool:
         """Would full batches of twice `p`'s limit serve GAIN more items/s than full batches of it, by the fit as the
         core serves them (`_open_fit`)? Where an item's time dominates a batch's, a doubled limit adds no capacity and
@@ -231,8 +235,8 @@ class BreakRules(Planning):
         textcls at 95% load, an open loop), a break at 32 / 0 ms with full batches (0.94 ms of wall time an item, 1.0 a
         batch, 0.36 of front-end: 64 serves 1.2% more) doubled the limit to 64, and the row held the SLO in 5 of 19
         windows where 32 / 0 ms alone held 19 of 20."""
-        doubled = replace(p, max_batch_size=2 * p.max_batch_size)
-        return full_capacity(doubled, served) >= (1 + GAIN) * full_capacity(p, served)
+        n = p.max_batch_size
+        return 2 * n / max(served(2 * n), 1e-12) >= (1 + GAIN) * n / max(served(n), 1e-12)
 
     def _back_to(self, k: int, m: Measurement, now: float) -> Decision | None:
         """An SLO break at a limit whose batches a smaller limit `k`'s outpaced (`_outpaced`): back to `k`, whatever an

@@ -25,7 +25,7 @@ from batchpilot.runtime.one_core_planner import Neighbour
 from batchpilot.runtime.padding_planner import WASTE_LADDER as WASTE_STEPS
 from batchpilot.runtime.padding_planner import plan_padding
 from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
-from batchpilot.runtime.tuner.batches import BatchReadings, full_capacity
+from batchpilot.runtime.tuner.batches import BatchReadings
 from batchpilot.runtime.tuner.figures import in_ms, predicted_figures
 from batchpilot.runtime.tuner.knobs import (
     FULL_SHARE,
@@ -53,26 +53,6 @@ class Planning(BatchReadings):
             return fit
         cpu_fit, f = stretched(costs, self._unsimulated_share(m, ()))
         return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
-
-    def _served_fit(self, m: Measurement) -> LatencyFit | None:
-        """d(n) as the core serves it (`_open_fit`), None before a fit over several sizes (where a doubled limit's
-        worth is unknown: the backoff doubles)."""
-        fit = self._memory.fit()
-        return None if fit is None or fit.one_size else self._open_fit(m, fit)
-
-    def _outgrown(self, m: Measurement) -> bool:
-        """Does an open loop arrive within OPEN_HEADROOM of what full batches of `m`'s limit serve, by the fit as the
-        core serves them (`_served_fit`)? Such a setting holds its SLO only until a burst's queue outlasts it: live (run
-        AV-T2b, resnet-mini at 95% load), 16 / 2 ms read p99 26-40 ms for 12 s, its plans' pick refused as the search
-        was content within the SLO, then a queue of 60-200 built within 3 s and the row read p99 229 ms."""
-        served = self._served_fit(m)
-        return served is not None and self._near_capacity(m.params, served, read_workload(m))
-
-    def _roomier(self, params: TuningParams, m: Measurement) -> bool:
-        """Do full batches of `params`' limit serve GAIN more items/s than those of `m`'s, by the fit as the core serves
-        them (`_served_fit`)?"""
-        served = self._served_fit(m)
-        return served is not None and full_capacity(params, served) >= (1 + GAIN) * full_capacity(m.params, served)
 
     def _plan_fruitless(self, w: Workload, now: float) -> bool:
         """Did a plan for this closed loop (the setting in force, as many clients within 10%) find nothing better in the
@@ -215,12 +195,8 @@ class Planning(BatchReadings):
             for c in p.predictions
         ]
         self._plan, self._workload = replace(p, predictions=tuple(scaled)), w
-        # A search's incumbent near its own capacity is no stable setting however its epoch read (`_outgrown`): its tail
-        # counts as unbounded, so the search is not content with it and a pick with a bounded one beats it. (A break's
-        # plan weighs the tail it measured.)
-        outgrown = not out.violation and self._near_capacity(self._incumbent, fit, w)
-        here = replace(here, p99_s=math.inf if outgrown else floored_p99(here, here.p99_s * scale, w))
-        if not outgrown and not out.violation and self._content(m, w):
+        here = replace(here, p99_s=floored_p99(here, here.p99_s * scale, w))
+        if not out.violation and self._content(m, w):
             return None
         frugal = self._frugal(m, w)
         fit_bound = self._fit_bound(w)
@@ -251,9 +227,7 @@ class Planning(BatchReadings):
         meeting = [c for c in options if c.meets(slo)]
         if not meeting:  # nothing promises the SLO: the lowest tail, if clearly lower than the incumbent's
             best = min(options, key=lambda c: (c.p99_s, -c.items_per_s), default=None)
-            if best is not None and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
-                return best
-            return self._roomiest(options, fit) if outgrown else None
+            return best if best is not None and best.p99_s < (1 - TAIL_GAIN) * here.p99_s else None
         top = max(c.items_per_s for c in meeting)
         best = min(
             (c for c in meeting if c.items_per_s >= 0.99 * top),
@@ -271,25 +245,6 @@ class Planning(BatchReadings):
         if best.items_per_s >= (1 - GAIN) * here.items_per_s and best.p99_s < (1 - TAIL_GAIN) * here.p99_s:
             return best
         return None
-
-    def _roomiest(self, options: list[CandidatePrediction], fit: LatencyFit) -> CandidatePrediction | None:
-        """An outgrown incumbent's way out when every option is near its capacity too: the one whose full batches serve
-        the most by `fit` (the incumbent's delay first, then the shortest), if GAIN more than the incumbent's. So near
-        capacity the queue sets the tail, and the most capacity keeps it shortest (a limit grows by doubling: options
-        stop at twice the sizes fitted)."""
-        inc = self._incumbent
-        best = max(
-            options,
-            key=lambda c: (
-                full_capacity(c.params, fit),
-                c.params.max_queue_delay_s == inc.max_queue_delay_s,
-                -c.params.max_queue_delay_s,
-            ),
-            default=None,
-        )
-        if best is None or full_capacity(best.params, fit) < (1 + GAIN) * full_capacity(inc, fit):
-            return None
-        return best
 
     def _pick_padding(self, w: Workload, m: Measurement) -> float | None:
         """NLP: the padding budget the padding planner predicts cheapest per item for queues as long as
