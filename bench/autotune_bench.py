@@ -16,7 +16,8 @@ Phases (--phases, comma-separated):
           each autotuned run is compared with the two static runs beside it (the host drifts by tens of
           percent within minutes).
   open    open loop (Poisson arrivals) at 50/80/95% of the open-loop capacity: the static best setting vs
-          the autotuned model (fresh server per rate). The static best setting is the oracle of the highest
+          the autotuned model (fresh server per rate), --open-runs times, alternating (a short row's p99 is
+          set by a few bursts: one run of each proves little). The static best setting is the oracle of the highest
           level (closed loop; without levels results, the demo setting measured with wrk at 64 connections).
           The open-loop capacity = the highest Poisson rate at which that static setting holds p99 within the
           SLO with no refusals and no errors, found with this script's asyncio open-loop client: a search
@@ -126,6 +127,7 @@ class Config:
     settle_s: int  # ...of which the first seconds are discarded as the tuner's settling
     open_loads: list[float]  # fractions of the capacity
     open_s: float  # measured seconds per open-loop rate
+    open_runs: int  # runs of every open-loop row, static and autotuned alternating (the rows' noise)
     step_clients: list[int]  # the closed-loop steps
     step_rate: float  # open-loop steps: r as a fraction of the capacity (r -> 3r -> r)
     step_s: float
@@ -165,6 +167,7 @@ FULL = Config(
     settle_s=8,
     open_loads=[0.5, 0.8, 0.95],
     open_s=20.0,
+    open_runs=3,
     step_clients=[2, 32, 2],
     step_rate=0.3,
     step_s=30.0,
@@ -195,6 +198,7 @@ QUICK = replace(
     settle_s=2,
     open_loads=[0.8],
     open_s=3.0,
+    open_runs=1,
     step_s=3.0,
     skip_s=1.0,
     two_s=3.0,
@@ -780,32 +784,56 @@ def open_phase(
     model = spec.name
     solo = solo_repository(repo, work, model)
     static = (int(closed["setting"][0]), int(closed["setting"][1]))
-    rows = []
-    with server(solo, env=specs_env(spec_doc(spec, static=static))) as port:
+    static_env = specs_env(spec_doc(spec, static=static))
+    rows: list[dict[str, Any]] = []
+    with server(solo, env=static_env) as port:
         requests = client_requests(model, cfg.client_encoding, port)
         cap = open_capacity(port, requests, model, slo, cfg, closed, given)
-        for load in cfg.open_loads:
+        rows += static_open_rows(port, requests, model, slo, cap["rps"], static, cfg, run=0)
+    for run in range(cfg.open_runs):
+        if run:  # (the first run's static rows follow the capacity search in its server)
+            with server(solo, env=static_env) as port:
+                requests = client_requests(model, cfg.client_encoding, port)
+                rows += static_open_rows(port, requests, model, slo, cap["rps"], static, cfg, run=run)
+        for i, load in enumerate(cfg.open_loads):
             rate = load * cap["rps"]
-            t = asyncio.run(open_loop_timeline(HOST, port, requests, [(cfg.static_warm_s, rate), (cfg.open_s, rate)]))
-            rows.append(open_row("static", load, rate, t, slo) | {"setting": f"{static[0]} / {static[1]} ms"})
+            log = logs / (f"open-{model}-{i}.log" if run == 0 else f"open-{model}-{i}-run{run + 1}.log")
+            with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
+                requests = client_requests(model, cfg.client_encoding, port)
+                t0 = time.perf_counter()
+                with Poller(port, model, t0) as poller:
+                    t = asyncio.run(
+                        open_loop_timeline(HOST, port, requests, [(cfg.settle_s, rate), (cfg.open_s, rate)], t0=t0)
+                    )
+                final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
+            rows.append(
+                open_row("autotuned", load, rate, t, slo)
+                | {"run": run, "setting": setting(final), "final": final, "polls": poller.dump()}
+                | {"events": autotune_events(log, model)}
+            )
             print_open(model, rows[-1])
-    for i, load in enumerate(cfg.open_loads):
-        rate = load * cap["rps"]
-        log = logs / f"open-{model}-{i}.log"
-        with server(solo, env=specs_env(spec_doc(spec, slo_ms=slo)), log=log) as port:
-            requests = client_requests(model, cfg.client_encoding, port)
-            t0 = time.perf_counter()
-            with Poller(port, model, t0) as poller:
-                t = asyncio.run(
-                    open_loop_timeline(HOST, port, requests, [(cfg.settle_s, rate), (cfg.open_s, rate)], t0=t0)
-                )
-            final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
-        rows.append(
-            open_row("autotuned", load, rate, t, slo)
-            | {"setting": setting(final), "final": final, "polls": poller.dump(), "events": autotune_events(log, model)}
-        )
-        print_open(model, rows[-1])
     return {"slo_ms": slo, "config": cfg.dump(), "capacity": cap, "rows": rows}
+
+
+def static_open_rows(
+    port: int,
+    requests: list[bytes],
+    model: str,
+    slo: float,
+    capacity: float,
+    static: tuple[int, int],
+    cfg: Config,
+    *,
+    run: int,
+) -> list[dict[str, Any]]:
+    """The static server's rows, one per load in turn (each after its warm-up at its rate)."""
+    rows = []
+    for load in cfg.open_loads:
+        rate = load * capacity
+        t = asyncio.run(open_loop_timeline(HOST, port, requests, [(cfg.static_warm_s, rate), (cfg.open_s, rate)]))
+        rows.append(open_row("static", load, rate, t, slo) | {"run": run, "setting": f"{static[0]} / {static[1]} ms"})
+        print_open(model, rows[-1])
+    return rows
 
 
 def open_row(mode: str, load: float, rate: float, t: Timeline, slo: float) -> dict[str, Any]:
@@ -825,7 +853,8 @@ def open_row(mode: str, load: float, rate: float, t: Timeline, slo: float) -> di
 
 def print_open(model: str, r: dict[str, Any]) -> None:
     print(
-        f"  {model} open loop {r['load']:.0%} ({r['offered_rps']:.0f}/s) {r['mode']}: {r['rps']:.1f} req/s ok, "
+        f"  {model} open loop {r['load']:.0%} ({r['offered_rps']:.0f}/s) {r['mode']} run {r.get('run', 0) + 1}: "
+        f"{r['rps']:.1f} req/s ok, "
         f"p99 {r['p99_ms']:.1f} ms, errors {r['errors_by_status'] or 0}, unfinished {r['unfinished']}, "
         f"client lag p99 {lag_text(r['lag_p99_ms'])} ms",
         flush=True,
@@ -1294,13 +1323,14 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     rows, verdicts = [], []
     for m in (m for m in MODELS if m in op):
         r, slo = op[m], op[m]["slo_ms"]
-        for x in r["rows"]:
+        for x in sorted(r["rows"], key=lambda x: (x["load"], x["mode"] != "static", x.get("run", 0))):
             rows.append(
                 [
                     m,
                     f"{x['load']:.0%}",
                     f"{x['offered_rps']:.0f}",
                     x["mode"],
+                    x.get("run", 0) + 1,
                     x["setting"],
                     f"{x['rps']:.0f}",
                     fmt_ms(x["p50_ms"]),
@@ -1313,14 +1343,21 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                 ]
             )
         for load in sorted({x["load"] for x in r["rows"]}):
-            s = next((x for x in r["rows"] if x["load"] == load and x["mode"] == "static"), None)
-            a = next((x for x in r["rows"] if x["load"] == load and x["mode"] == "autotuned"), None)
-            if s and a:
+            runs = {
+                mode: [x for x in r["rows"] if x["load"] == load and x["mode"] == mode]
+                for mode in ("autotuned", "static")
+            }
+            if all(runs.values()):
                 verdicts.append(
-                    f"- open loop, {m} at {load:.0%}: autotuned p99 {fmt_ms(a['p99_ms'])} ms vs static "
-                    f"{fmt_ms(s['p99_ms'])} ms (SLO {slo:g}: {'met' if a['p99_ms'] <= slo else 'NOT met'}), "
-                    f"errors {sum(a['errors_by_status'].values())} vs {sum(s['errors_by_status'].values())}, "
-                    f"achieved {a['rps'] / a['offered_rps']:.0%} of the offered rate vs {s['rps'] / s['offered_rps']:.0%}"
+                    f"- open loop, {m} at {load:.0%} (SLO {slo:g} ms): "
+                    + "; ".join(
+                        f"{mode} within it in {sum(x['p99_ms'] <= slo for x in xs)} of {len(xs)} run(s), p99 "
+                        + " / ".join(fmt_ms(x["p99_ms"]) for x in xs)
+                        + f" ms, errors {sum(sum(x['errors_by_status'].values()) for x in xs)}, achieved "
+                        + " / ".join(f"{x['rps'] / x['offered_rps']:.0%}" for x in xs)
+                        + " of the offered rate"
+                        for mode, xs in runs.items()
+                    )
                 )
     cfg = next(op[m] for m in MODELS if m in op)["config"]  # the one `differing` names
     caps = "; ".join(capacity_text(m, op[m]["capacity"]) for m in MODELS if m in op)
@@ -1343,7 +1380,9 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "setting the static server holds) is shown for reference only: an open loop queues what a closed loop "
         f"never offers. Capacity: {caps}. Each rate runs "
         f"{cfg['static_warm_s']} s (discarded) then {cfg['open_s']:g} s measured. Autotuned: a fresh server per "
-        f"rate, the first {cfg['settle_s']} s discarded, then {cfg['open_s']:g} s measured. Asyncio client "
+        f"rate, the first {cfg['settle_s']} s discarded, then {cfg['open_s']:g} s measured. "
+        f"{cfg.get('open_runs', 1)} run(s) of every row: each run the static rows (a fresh static server after the "
+        "first, whose rows follow the capacity search), then the autotuned ones. Asyncio client "
         f"({cfg['client_encoding']} bodies), keep-alive connections opened as needed; latency counts from each "
         "request's scheduled arrival (the client's own lateness included). Client lag = when a request was "
         "written minus its scheduled arrival, p99 per run; above "
@@ -1352,7 +1391,7 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "answer; unfinished = still unanswered 10 s after the last arrival."
         + differing(
             op,
-            "open_loads open_s settle_s client_encoding cap_warmup_s cap_window_s cap_probes cap_budget_s cap_confirm_s "
+            "open_loads open_s open_runs settle_s client_encoding cap_warmup_s cap_window_s cap_probes cap_budget_s cap_confirm_s "
             "cap_confirm_tries",
         ),
         table(
@@ -1361,6 +1400,7 @@ def open_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                 "load",
                 "offered /s",
                 "mode",
+                "run",
                 "setting (final)",
                 "achieved req/s",
                 "p50 ms",
@@ -1800,8 +1840,9 @@ def plan_seconds(cfg: Config, phases: list[str]) -> dict[str, float]:
     search += cfg.cap_confirm_tries * (cfg.cap_warmup_s + cfg.cap_confirm_s + 0.5) if cfg.cap_confirm_s else 0.0
     if "open" in phases:
         k = len(cfg.open_loads)
+        runs = cfg.open_runs
         plan["open"] = n_models * (
-            (k + 1) * SERVER_START_S + search + k * (cfg.static_warm_s + cfg.settle_s + 2 * cfg.open_s)
+            (k + 1) * runs * SERVER_START_S + search + runs * k * (cfg.static_warm_s + cfg.settle_s + 2 * cfg.open_s)
         )
     if "steps" in phases:
         own_search = 0.0 if "open" in phases else SERVER_START_S + search
