@@ -970,6 +970,10 @@ def test_an_open_loop_plan_never_grows_the_limit_past_twice_the_sizes_it_has_fit
     assert bounded is not None and bounded.params == next_
     unknown = answer_open_plan(m, preds, fit, violation=True)  # no batches fitted: no bound
     assert unknown is not None and unknown.params == far
+    # Nor past twice the incumbent's limit, whatever was fitted: live (run AW, textcls at 95% load), batches of 32
+    # fitted during a trial given back let a break's plan go 16 / 2 -> 64 / 0.5 ms, and the row read p99 219 ms.
+    doubled = answer_open_plan(m, preds, fit, violation=True, sizes=(4, 8, 16, 32))
+    assert doubled is not None and doubled.params == next_
 
 
 def test_an_open_loop_within_the_slo_on_a_saturated_core_starts_no_search_trial() -> None:

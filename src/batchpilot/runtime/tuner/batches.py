@@ -275,14 +275,18 @@ class BatchReadings(TunerState):
 
     def _fit_bound(self, w: Workload) -> float:
         """The largest limit an open loop's plan may pick: twice the largest size fitted (at least the incumbent's
-        limit). A plan prices larger batches by extrapolating the line, and an open loop has no `_wider` measurement to
-        correct it: NLP batches pad more as they grow (live, run U F2: textcls at 95% load, batches of 13 under 16 / 2
-        ms, a break re-planned to 64 / 8 ms, predicted to keep pace; full batches of 64 fell behind and the row read p99
-        1.34 s). A limit grows by doubling, each step then fitted. No bound before a fit."""
+        limit), and twice the incumbent's at most. A plan prices larger batches by extrapolating the line, and an open
+        loop has no `_wider` measurement to correct it: NLP batches pad more as they grow (live, run U F2: textcls at
+        95% load, batches of 13 under 16 / 2 ms, a break re-planned to 64 / 8 ms, predicted to keep pace; full batches
+        of 64 fell behind and the row read p99 1.34 s). A limit grows by doubling, each step then fitted: a size fitted
+        during a trial given back is no step taken (live, run AW: textcls at 95% load, 16 / 2 -> 32 / 0 ms tried and
+        given back, then a break re-planned 16 / 2 -> 64 / 0.5 ms; batches of 64 read p99 131-243 ms, the row 219 ms).
+        No bound before a fit."""
         fitted = self._memory.rows()
         if w.closed or not len(fitted):
             return math.inf
-        return max(self._incumbent.max_batch_size, 2 * int(fitted[:, 0].max()))
+        n = self._incumbent.max_batch_size
+        return max(n, min(2 * int(fitted[:, 0].max()), 2 * n))
 
     def _put_lately(self, max_batch_size: int, now: float) -> bool:
         """Was this size limit in force within FIT_MEMORY_S (its batches, if any, still in the fit)?"""
