@@ -786,15 +786,14 @@ def open_phase(
     static = (int(closed["setting"][0]), int(closed["setting"][1]))
     static_env = specs_env(spec_doc(spec, static=static))
     rows: list[dict[str, Any]] = []
-    with server(solo, env=static_env) as port:
-        requests = client_requests(model, cfg.client_encoding, port)
-        cap = open_capacity(port, requests, model, slo, cfg, closed, given)
-        rows += static_open_rows(port, requests, model, slo, cap["rps"], static, cfg, run=0)
+    cap: dict[str, Any] = {}
     for run in range(cfg.open_runs):
-        if run:  # (the first run's static rows follow the capacity search in its server)
-            with server(solo, env=static_env) as port:
-                requests = client_requests(model, cfg.client_encoding, port)
-                rows += static_open_rows(port, requests, model, slo, cap["rps"], static, cfg, run=run)
+        # Each run's static rows in a fresh static server; the first run's follow the capacity search in it.
+        with server(solo, env=static_env) as port:
+            requests = client_requests(model, cfg.client_encoding, port)
+            if not cap:
+                cap = open_capacity(port, requests, model, slo, cfg, closed, given)
+            rows += static_open_rows(port, requests, model, slo, cap["rps"], static, cfg, run=run)
         for i, load in enumerate(cfg.open_loads):
             rate = load * cap["rps"]
             log = logs / (f"open-{model}-{i}.log" if run == 0 else f"open-{model}-{i}-run{run + 1}.log")
