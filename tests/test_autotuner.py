@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchpilot.runtime.autotune_model import (
+    AloneFits,
     Epoch,
     LatencyFit,
     Measurement,
@@ -1857,6 +1858,24 @@ def test_a_closed_loop_whose_batches_hold_every_client_gets_a_limit_they_fill() 
     assert tuner.params.max_batch_size == 2
     best = max(t for t, p99 in sweep(CPU, load).values() if p99 <= 0.050)
     assert sim.stats(10.0, 20.0).throughput_rps >= 0.95 * best
+
+
+def test_a_closed_loop_whose_batches_hold_every_client_is_probed_at_their_size_with_the_alone_fit() -> None:
+    """As above, with d(n) timed alone at load (as the server has it): a single size's fit is then a line, not a
+    one-size guess, and the probe was never taken; the plan, whose pick must promise GAIN more than its own prediction
+    for the incumbent, found nothing. Live (run AX, resnet-mini, 8 clients under 16 / 2 ms, each batch holding all 8
+    and waiting out the delay): 823 req/s for a whole level, the plan predicting 942 for its best, where 8 / 2 ms
+    served 1,087-1,124. The probe to the batches' size comes first, fit or no fit."""
+    here = TuningParams(16, 0.002)
+    line = LatencyFit(0.514e-3, 1.97e-3)
+    tuner = Autotuner(spec(50), here, cores=1, alone=AloneFits(line, line))
+    for i in range(40):
+        tuner.record_batch(8, line(8), 1.0 + i * 0.01, cpu_s=line(8))
+    assert tuner._memory.fit() is not None and not tuner._memory.fit().one_size
+    held = short_reading(here, rate=823.0, mean_s=0.0097, p99_s=0.015, clients=8, mean_batch=8.0, largest=8)
+    tuner._inc_meas = held
+    probe = tuner._next(2.0)
+    assert probe is not None and probe.reason == "probe" and probe.params.max_batch_size == 8
 
 
 def test_a_size_probe_is_not_repeated_while_its_limit_brought_no_other_size() -> None:
