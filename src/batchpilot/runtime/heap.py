@@ -39,7 +39,7 @@ def cap_kernel_cache(capacity: int | None) -> int:
     """Bound oneDNN's cache of built kernels for this process to `capacity` (None: what the environment says, else
     oneDNN's own bound); returns the bound in force. oneDNN reads it when torch builds its first kernel, so this must
     run before any model does. Not lowered by default: with the heap trimmed, a 10-minute textcls soak held RSS as
-    flat at oneDNN's 1,024 as at 256 (docs/bench/autotune.md, run W), and every evicted shape is built again."""
+    flat at oneDNN's 1,024 as at 256 (docs/bench/autotune-history.md, run W), and every evicted shape is built again."""
     raw = str(capacity) if capacity is not None else os.environ.get(KERNEL_CACHE_ENV, str(ONEDNN_KERNEL_CACHE))
     if not raw.strip().isdigit():
         raise ValueError(
