@@ -7,9 +7,9 @@ request to its batch's end) and the parameters in force; and the CPU seconds eac
 took during the level (the serving process, the autotuner's plan worker). A static setting (`--setting 16/3`, max
 batch size / delay in ms) or the autotuner (`--setting auto`, with its decision log in `--log`).
 
-What it answers: how much of the client's latency the server sees (docs/bench/autotune-history.md, run AA: 80.7 ms against
-wrk's 83.0 at 64 clients), and what the tuner's own work costs the requests served (the same setting static and
-autotuned, side by side in two runs).
+What it answers: how much of the client's latency the server sees (docs/bench/autotune-history.md, run AA: 80.7 ms
+against wrk's 83.0 at 64 clients), and what the tuner's own work costs the requests served (the same setting static
+and autotuned, side by side in two runs).
 
 Usage:
   .venv/bin/python bench/server_p99.py --model textcls --setting 32/10 --levels 32,64,64

@@ -109,10 +109,12 @@ class Search(BreakRules):
             setting, served = recalled
             return self._move(setting, "probe:remembered", now, {**self._figures(m), "remembered_items_per_s": served})
         fit = self._memory.fit()
-        # A closed loop whose batches hold every client under a limit above them is probed whatever the fit: the
-        # shape timed alone at load makes a single size's fit a line, and the plan may miss what waiting out the
-        # delay costs (live, run AX: 8 clients under 16 / 2 ms served 823 req/s for a whole level, one plan asked
-        # and nothing tried, where 8 / 2 ms served 1,087-1,124).
+        # A closed loop whose batches hold every client under a limit above them waits out the delay for no one more:
+        # a limit of its batches lets each leave as it fills (live, 2 clients under 16 / 2 ms: 208 req/s where 2 / 5
+        # ms served 371; its batches all of one size, no plan ever moved it). It is probed whatever the fit: the shape
+        # timed alone at load makes a single size's fit a line, and the plan may miss what waiting out the delay costs
+        # (live, run AX: 8 clients under 16 / 2 ms served 823 req/s for a whole level, one plan asked and nothing
+        # tried, where 8 / 2 ms served 1,087-1,124).
         gathered = w.closed and w.clients <= m.largest_batch < self._incumbent.max_batch_size
         if fit is not None and (fit.one_size or gathered) and not self._probed and m.arrival_rate > 0:
             self._probed = True
@@ -121,9 +123,6 @@ class Search(BreakRules):
             # form: 16 clients under a limit of 16 keep filling batches of 16); otherwise below the batches
             # seen (a closed loop of fewer clients than the limit fills every batch with all of them).
             up = m.largest_batch >= n and m.peak_in_server > n
-            # A closed loop whose batches hold every client under a limit above them waits out the delay for no one
-            # more: a limit of its batches lets each leave as it fills (live, 2 clients under 16 / 2 ms: 208 req/s
-            # where 2 / 5 ms served 371; its batches all of one size, no plan ever moved it).
             size = n * 2 if up else m.largest_batch if gathered else min(n, m.largest_batch) // 2
             probe = self._clip(replace(self._incumbent, max_batch_size=size))
             # Narrowed to its clients, the limit releases a batch when the last of them is back, so the delay must
