@@ -876,27 +876,30 @@ def steps_capacity(
 
 def closed_step_targets(
     solo: Path, spec: ModelSpec, slo: float, cfg: Config, results: dict[str, Any], levels: list[int]
-) -> dict[int, tuple[float | None, str]]:
-    """Each closed-loop step's target: the levels oracle's setting at that many clients, served statically and
-    driven by the steps' own client (the asyncio one, which costs more per request than wrk): req/s over
-    `cfg.static_s * 3` seconds after the warm-up. Without a levels result, no target."""
-    targets: dict[int, tuple[float | None, str]] = {}
+) -> list[tuple[float | None, str]]:
+    """Each closed-loop step's target: the levels oracle's setting at the step's clients, served statically through
+    the same schedule by the steps' own client (the asyncio one, which costs more per request than wrk), its req/s
+    over the step's windows after `cfg.skip_s` (those the autotuned row reads). A step's target is thus measured
+    after the same earlier steps: a 2-client step read after 32 clients is no fresh server's (live, a static 2 / 1
+    ms served 0.83x, 0.87x and 1.18x of its own first 2-client step on the way back from 32). Without a levels
+    result, no target."""
+    schedule = [(cfg.step_s, c) for c in levels]
+    targets: list[tuple[float | None, str]] = [(None, "none (no levels result at this level)")] * len(levels)
     for c in sorted(set(levels)):
         wrk_rps, best = level_oracle_rps(results, spec.name, c, slo, cfg)
         if best is None:
-            targets[c] = (None, "none (no levels result at this level)")
             continue
         n, d = int(best[0]), int(best[1])
-        seconds = 3.0 * cfg.static_s
         with server(solo, env=specs_env(spec_doc(spec, static=(n, d)))) as port:
             requests = client_requests(spec.name, cfg.client_encoding, port)
-            t = asyncio.run(closed_loop_timeline(HOST, port, requests, [(float(cfg.static_warm_s), c), (seconds, c)]))
-        row = measured(t, t.steps[-1][0], t.end_s, slo)
-        targets[c] = (
-            row["rps"],
-            f"oracle {n} / {d} ms, same client; wrk {wrk_rps:.0f}" if wrk_rps else f"oracle {n} / {d} ms, same client",
-        )
-        print(f"  {spec.name}: static {n} / {d} ms at {c} clients (asyncio): {row['rps']:.0f} req/s", flush=True)
+            t = asyncio.run(closed_loop_timeline(HOST, port, requests, schedule))
+        ends = [s for s, _ in t.steps[1:]] + [t.end_s]
+        for i, ((start, level), end) in enumerate(zip(t.steps, ends, strict=True)):
+            if int(level) == c:
+                rps = measured(t, start + cfg.skip_s, end, slo)["rps"]
+                source = f"oracle {n} / {d} ms through the same steps" + (f"; wrk {wrk_rps:.0f}" if wrk_rps else "")
+                targets[i] = (rps, source)
+                print(f"  {spec.name}: static {n} / {d} ms, step {i + 1} at {c} clients (asyncio): {rps:.0f} req/s")
     return targets
 
 
@@ -933,8 +936,8 @@ def steps_phase(
             final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
         ends = [s for s, _ in t.steps[1:]] + [t.end_s]
         steps = []
-        for (start, level), end in zip(t.steps, ends, strict=True):
-            target, source = (level, "offered rate") if kind == "open" else targets[int(level)]
+        for i, ((start, level), end) in enumerate(zip(t.steps, ends, strict=True)):
+            target, source = (level, "offered rate") if kind == "open" else targets[i]
             steps.append(
                 {
                     "start_s": start,
@@ -1512,9 +1515,9 @@ def steps_section(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         "## 4. Load steps (autotuned, one fresh server per schedule)",
         f"Closed loop {' -> '.join(map(str, cfg['step_clients']))} clients and open loop r -> 3r -> r with r = "
         f"{cfg['step_rate']:g} x the open-loop capacity ({steps_caps(st)}), {cfg['step_s']:g} s per step; asyncio client "
-        f"({cfg['client_encoding']} bodies). Target = the levels oracle's setting at that many connections served "
-        "statically and driven by the same asyncio client (closed; wrk's figure beside it: wrk costs less per "
-        "request) or the offered rate (open). Time to target = end "
+        f"({cfg['client_encoding']} bodies). Target = the levels oracle's setting at the step's connections served "
+        "statically through the same steps by the same asyncio client, over the same windows (closed; wrk's figure "
+        "beside it: wrk costs less per request), or the offered rate (open). Time to target = end "
         "of the first 1-s window of the first 3 in a row with p99 <= SLO and >= 95% of the target (open loop: of "
         "that window's own arrivals, which Poisson noise moves by several %), from the step's start. SLO "
         f"attainment and req/s over the windows after the step's first {cfg['skip_s']:g} s. Changes/min = "
