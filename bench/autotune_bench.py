@@ -28,6 +28,8 @@ Phases (--phases, comma-separated):
           search). The closed-loop figure is kept beside it.
   steps   autotuned, parameters polled every 0.5 s: closed loop 2 -> 32 -> 2 clients, open loop r -> 3r -> r
           (r a fraction of the open-loop capacity: the open phase's of this run, --capacity, or searched).
+          A closed step's target: the levels oracle's setting at its clients, run statically through the same
+          steps by the same client.
   two     both models in one server, each driven by its own closed-loop clients at once: autotuned pair
           vs the best static pair, found by a sweep of pairs (--two-settings for each model, plus its demo
           setting and its levels oracle at that many clients) in one server, --two-sweep-s per pair.
@@ -1848,7 +1850,9 @@ def plan_seconds(cfg: Config, phases: list[str]) -> dict[str, float]:
         )
     if "steps" in phases:
         own_search = 0.0 if "open" in phases else SERVER_START_S + search
-        plan["steps"] = n_models * (own_search + 2 * (SERVER_START_S + 3 * cfg.step_s))
+        schedule = SERVER_START_S + len(cfg.step_clients) * cfg.step_s
+        # the closed and open schedules, and the closed one run statically for each level's target
+        plan["steps"] = n_models * (own_search + (2 + len(set(cfg.step_clients))) * schedule)
     if "two" in phases:
         pairs = (len(parse_settings(cfg.two_settings)) + 2) ** 2  # at most: the demo's and the oracle's settings added
         sweep = SERVER_START_S + pairs * (cfg.static_warm_s + cfg.two_sweep_s + 1)
