@@ -901,7 +901,10 @@ def closed_step_targets(
                 rps = measured(t, start + cfg.skip_s, end, slo)["rps"]
                 source = f"oracle {n} / {d} ms through the same steps" + (f"; wrk {wrk_rps:.0f}" if wrk_rps else "")
                 targets[i] = (rps, source)
-                print(f"  {spec.name}: static {n} / {d} ms, step {i + 1} at {c} clients (asyncio): {rps:.0f} req/s")
+                print(
+                    f"  {spec.name}: static {n} / {d} ms, step {i + 1} at {c} clients (asyncio): {rps:.0f} req/s",
+                    flush=True,
+                )
     return targets
 
 
