@@ -894,7 +894,11 @@ def closed_step_targets(
         n, d = int(best[0]), int(best[1])
         with server(solo, env=specs_env(spec_doc(spec, static=(n, d)))) as port:
             requests = client_requests(spec.name, cfg.client_encoding, port)
-            t = asyncio.run(closed_loop_timeline(HOST, port, requests, schedule))
+            # Polled as the autotuned schedule is: the poller's thread shares the client's process, and near the
+            # client's own limit (32 clients) that costs the load it drives.
+            t0 = time.perf_counter()
+            with Poller(port, spec.name, t0):
+                t = asyncio.run(closed_loop_timeline(HOST, port, requests, schedule, t0=t0))
         ends = [s for s, _ in t.steps[1:]] + [t.end_s]
         for i, ((start, level), end) in enumerate(zip(t.steps, ends, strict=True)):
             if int(level) == c:
