@@ -899,8 +899,7 @@ def closed_step_targets(
             t0 = time.perf_counter()
             with Poller(port, spec.name, t0):
                 t = asyncio.run(closed_loop_timeline(HOST, port, requests, schedule, t0=t0))
-        ends = [s for s, _ in t.steps[1:]] + [t.end_s]
-        for i, ((start, level), end) in enumerate(zip(t.steps, ends, strict=True)):
+        for i, (start, end, level) in enumerate(t.spans()):
             if int(level) == c:
                 rps = measured(t, start + cfg.skip_s, end, slo)["rps"]
                 source = f"oracle {n} / {d} ms through the same steps" + (f"; wrk {wrk_rps:.0f}" if wrk_rps else "")
@@ -943,9 +942,8 @@ def steps_phase(
                 else:
                     t = asyncio.run(open_loop_timeline(HOST, port, requests, schedule, t0=t0))
             final = get_json(f"http://{HOST}:{port}/v2/models/{model}/batching")
-        ends = [s for s, _ in t.steps[1:]] + [t.end_s]
         steps = []
-        for i, ((start, level), end) in enumerate(zip(t.steps, ends, strict=True)):
+        for i, (start, end, level) in enumerate(t.spans()):
             target, source = (level, "offered rate") if kind == "open" else targets[i]
             steps.append(
                 {

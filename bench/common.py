@@ -279,6 +279,11 @@ class Timeline:
         values, counts = np.unique(self.status[(self.done_s >= t0) & (self.done_s < t1)], return_counts=True)
         return {int(v): int(n) for v, n in zip(values, counts, strict=True)}
 
+    def spans(self) -> list[tuple[float, float, float]]:
+        """Each step of the schedule as (start s, end s, level), in order."""
+        ends = [start for start, _ in self.steps[1:]] + [self.end_s]
+        return [(start, end, level) for (start, level), end in zip(self.steps, ends, strict=True)]
+
     def between(self, t0: float, t1: float) -> np.ndarray:
         """Latencies (s) of the successful requests that ended in [t0, t1)."""
         return self.latency_s[(self.done_s >= t0) & (self.done_s < t1) & (self.status == 200)]
