@@ -1220,13 +1220,14 @@ def test_a_break_never_doubles_a_limit_whose_double_serves_no_more() -> None:
     assert Autotuner(spec(50), here, cores=1)._backoff(m) == TuningParams(64, 0.0)  # no fit: capacity unknown
 
 
-def test_a_limit_doubled_on_an_open_loops_queue_is_not_doubled_again_while_it_drains_it() -> None:
+def test_a_limit_raised_on_an_open_loops_queue_is_not_doubled_again_while_it_drains_it() -> None:
     """Live, run AY3 (textcls, a 3x step of a Poisson load to 1,482 req/s, one core): a break at 16 / 0 ms, the queue
     growing behind full batches, doubled the limit to 32; 0.76 s later, 32 / 0 ms serving 1,557 items/s against 1,515
     arriving, a break on the 800 requests standing doubled it to 64, which then served no more than arrived, and the
-    queue stood for the rest of the step. Where the fit says its double serves no more, a limit doubled for pace is
-    left as it is while it serves more than arrives, and for its first MEASURE_S; with the queue growing over a whole
-    epoch, or where doubling pays (a batch's fixed cost), a break is acted on at once."""
+    queue stood for the rest of the step (the same 0.5 s after a re-plan's 16 -> 32, live). Where the fit says its
+    double serves no more, a limit raised at a break (by the backoff or a re-plan) is left as it is while it serves
+    more than arrives, and for its first MEASURE_S; with the queue growing over a whole epoch, or where doubling pays
+    (a batch's fixed cost), a break is acted on at once."""
     at_16, at_32 = TuningParams(16, 0.0), TuningParams(32, 0.0)
     m = Measurement(
         params=at_16, duration_s=0.6, completed=833, items_per_s=1388.6, arrival_rate=1487.2, company_share=1.0,
@@ -1236,30 +1237,40 @@ def test_a_limit_doubled_on_an_open_loops_queue_is_not_doubled_again_while_it_dr
     )  # fmt: skip
     assert not read_workload(m).closed
 
-    def doubled(a_s: float, b_s: float) -> Autotuner:
-        """By (a_s, b_s) and the front-end's CPU, full batches of 32 serve more than of 16: the break doubles."""
+    def raised(a_s: float, b_s: float, planned: bool) -> Autotuner:
+        """16 / 0 -> 32 / 0 ms at the break `m`: by the backoff, or by a re-plan's pick."""
         tuner = fitted_tuner(at_16, (4, 8, 16), wall=(a_s, b_s), cpu=(a_s, b_s))
-        assert tuner._back_off(m, now=10.0) is not None and tuner.params == at_32
+        if planned:
+            fit = LatencyFit(a_s, b_s)
+            preds = tuple(CandidatePrediction(p, 1487.2, t, t / 2, p.max_batch_size, 0.9, False) for p, t in
+                          ((at_16, 0.48), (at_32, 0.045)))  # fmt: skip
+            job = PlanJob("open", fit, (at_16, at_32), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
+            out = Outstanding(job, fit, read_workload(m), m, at_16, violation=True)
+            decision = tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
+        else:
+            decision = tuner._back_off(m, now=10.0)
+        assert decision is not None and tuner.params == at_32
         return tuner
 
     # (0.35 ms an item, 1 ms a batch: 16 serves 1,374 items/s, 32 1,436, 64 1,469, 2.3% more)
     draining = replace(m, params=at_32, duration_s=0.76, items_per_s=1557.2, arrival_rate=1514.6, p99_s=0.533)
     draining = replace(draining, largest_batch=32, mean_batch=32.0, in_server=817, backlog_growth=-30)
-    tuner = doubled(0.35e-3, 1.0e-3)
-    assert tuner._on_violation(draining, now=10.8) is None and tuner.params == at_32
-    assert tuner.unanswered_break == ("a limit doubled for pace: draining the queue", draining)
     short = replace(draining, duration_s=0.5, items_per_s=1441.1, arrival_rate=1517.6)
-    tuner = doubled(0.35e-3, 1.0e-3)
-    assert tuner._on_violation(short, now=10.6) is None and tuner.params == at_32
-    assert tuner.unanswered_break == ("a limit doubled for pace: judged over a whole epoch", short)
+    for planned in (False, True):
+        tuner = raised(0.35e-3, 1.0e-3, planned)
+        assert tuner._on_violation(draining, now=10.8) is None and tuner.params == at_32
+        assert tuner.unanswered_break == ("a limit raised at a break: draining the queue", draining)
+        tuner = raised(0.35e-3, 1.0e-3, planned)
+        assert tuner._on_violation(short, now=10.6) is None and tuner.params == at_32
+        assert tuner.unanswered_break == ("a limit raised at a break: judged over a whole epoch", short)
     for acted in (replace(short, duration_s=1.5), replace(short, refused_rate=50.0)):
-        tuner = doubled(0.35e-3, 1.0e-3)
+        tuner = raised(0.35e-3, 1.0e-3, False)
         tuner._on_violation(acted, now=11.6)
-        assert tuner.unanswered_break is None or not tuner.unanswered_break[0].startswith("a limit doubled")
+        assert tuner.unanswered_break is None or not tuner.unanswered_break[0].startswith("a limit raised")
     for acted in (draining, short):  # (3 ms a batch: 64 serves 6% more than 32)
-        tuner = doubled(0.3e-3, 3.0e-3)
+        tuner = raised(0.3e-3, 3.0e-3, False)
         tuner._on_violation(acted, now=10.8)
-        assert tuner.unanswered_break is None or not tuner.unanswered_break[0].startswith("a limit doubled")
+        assert tuner.unanswered_break is None or not tuner.unanswered_break[0].startswith("a limit raised")
 
 
 def ah3_break(limit: int, **figures: float) -> Measurement:

@@ -51,7 +51,7 @@ class BreakRules(Planning):
             return self._unanswered("a trial: judged at its end", m)  # (both miss: on p99)
         if m.full_share >= FULL_SHARE and (k := self._outpaced(self._params.max_batch_size, m)) is not None:
             return self._back_to(k, m, now)
-        if (why := self._doubled_for_pace(m)) is not None:
+        if (why := self._raised_for_pace(m)) is not None:
             return self._unanswered(why, m)
         if not self._feasible and not (self._growing(m) and m.duration_s >= MEASURE_S):
             return self._unanswered("infeasible: a lost cause that keeps pace", m)
@@ -93,24 +93,24 @@ class BreakRules(Planning):
             return self._request_plan(fit, w, m, now, violation=True)
         return self._back_off(m, now)
 
-    def _doubled_for_pace(self, m: Measurement) -> str | None:
-        """Why a break at an open loop's limit that a backoff doubled on its queue (`_back_off`) is left as it is, where
-        the fit says a further doubling serves no more (`_doubling_pays`): it serves more than arrives, draining the
-        queue it inherited, whose answers break the SLO whatever the setting; or its epoch is shorter than MEASURE_S,
-        too short to tell its pace from the switch's. None: acted on. Live (textcls at 1,482 req/s, 90% of capacity):
-        16 / 0 -> 32 / 0 -> 64 / 0 ms 0.5-0.8 s apart, the second doubling with 32 / 0 ms serving 1,557 items/s
-        against 1,515 arriving; 64 / 0 ms then served no more than arrived, and 800-900 requests stood for the rest of
-        the step (p99 0.5-0.8 s). Where 32 / 0 ms was held, it served 1,631 items/s against 1,502 and the row read p99
-        32 ms."""
-        if self._params != self._doubled or m.refused_rate:
+    def _raised_for_pace(self, m: Measurement) -> str | None:
+        """Why a break at an open loop's limit raised at a break (a re-plan's pick, `_back_off`'s doubling) is left
+        as it is, where the fit says a further doubling serves no more (`_doubling_pays`): it serves more than arrives,
+        draining the queue it inherited, whose answers break the SLO whatever the setting; or its epoch is shorter than
+        MEASURE_S, too short to tell its pace from the switch's. None: acted on. Live (textcls at 1,482 req/s, 90% of
+        capacity): 16 / 0 -> 32 / 0 -> 64 / 0 ms 0.5-0.8 s apart (by the backoff, or a re-plan then the backoff), the
+        second with 32 / 0 ms serving 1,557 items/s against 1,515 arriving; 64 / 0 ms then served no more than arrived,
+        and 800-900 requests stood for the rest of the step (p99 0.5-0.8 s). Where 32 / 0 ms was held, it served 1,631
+        items/s against 1,502 and the row read p99 32 ms."""
+        if self._params != self._raised or m.refused_rate:
             return None
         served = self._served_fit(m)
         if served is None or self._doubling_pays(self._params, served):
             return None  # (the doubled limit serves more: the queue drains sooner)
         if m.items_per_s >= offered(m):
-            return "a limit doubled for pace: draining the queue"
+            return "a limit raised at a break: draining the queue"
         if m.duration_s < MEASURE_S:
-            return "a limit doubled for pace: judged over a whole epoch"
+            return "a limit raised at a break: judged over a whole epoch"
         return None
 
     def _absorbed(self, m: Measurement, now: float) -> bool:
@@ -190,8 +190,7 @@ class BreakRules(Planning):
             return self._unanswered("nothing to back off to", m)
         self._incumbent, self._inc_meas = safer, None
         self._reopen()
-        grew = safer.max_batch_size > p.max_batch_size and not read_workload(m).closed
-        self._doubled = safer if grew else None
+        self._mark_raised(p, m)
         return self._move(safer, "slo-violation", now, self._figures(m))
 
     def _backoff(self, m: Measurement) -> TuningParams | None:

@@ -54,6 +54,11 @@ class Planning(BatchReadings):
         cpu_fit, f = stretched(costs, self._unsimulated_share(m, ()))
         return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
 
+    def _mark_raised(self, before: TuningParams, m: Measurement) -> None:
+        """Note the incumbent as a limit raised above `before` at an open loop's SLO break (`_doubled_for_pace`)."""
+        raised = self._incumbent.max_batch_size > before.max_batch_size and not read_workload(m).closed
+        self._raised = self._incumbent if raised else None
+
     def _plan_fruitless(self, w: Workload, now: float) -> bool:
         """Did a plan for this closed loop (the setting in force, as many clients within 10%) find nothing better in the
         last FIT_MEMORY_S? Another one would answer the same, and on one core its CPU is the served requests': live,
@@ -120,6 +125,7 @@ class Planning(BatchReadings):
             self._reopen()
             self._rejected.add(broken)
             self._incumbent, self._inc_meas, self._planned = pick.params, None, pick.params
+            self._mark_raised(broken, m)
             return self._move(
                 pick.params, "slo-violation:plan", now, {**self._figures(m), **predicted_figures(pick, w)}
             )

@@ -201,6 +201,6 @@ class Search(BreakRules):
 
     def _settle(self, m: Measurement, now: float) -> Decision | None:
         self._remember(m)
-        self._settled, self._ref, self._backoff_dir, self._doubled = True, m, 0, None
+        self._settled, self._ref, self._backoff_dir, self._raised = True, m, 0, None
         self._new_epoch(now)
         return self._verdict(m, now)

@@ -126,7 +126,7 @@ class TunerState:
         self._limits_put: dict[int, float] = {self._incumbent.max_batch_size: -math.inf}
         self._planned: TuningParams | None = None  # the setting the last plan chose, while in force
         self._backoff_dir = 0  # +1 / -1: the size was last backed off up / down
-        self._doubled: TuningParams | None = None  # an open loop's limit the last backoff doubled for pace
+        self._raised: TuningParams | None = None  # an open loop's limit raised at its last SLO break
         self._inc_meas: Measurement | None = None
         self._ref: Measurement | None = None  # the incumbent's figures when the search settled
         self._plan: Plan | None = None
@@ -169,7 +169,7 @@ class TunerState:
         self._settled, self._ref = False, None
         self._trials, self._probed = 0, False
         self._fruitless.clear()
-        self._doubled = None
+        self._raised = None
 
     def _forget(self, now: float) -> None:
         horizon = now - self._window_s
