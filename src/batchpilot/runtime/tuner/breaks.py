@@ -95,14 +95,14 @@ class BreakRules(Planning):
 
     def _raised_for_pace(self, m: Measurement) -> str | None:
         """Why a break at an open loop's limit raised at a break (a re-plan's pick, `_back_off`'s doubling) is left
-        as it is, where the fit says a further doubling serves no more (`_doubling_pays`): it serves more than arrives,
-        draining the queue it inherited, whose answers break the SLO whatever the setting; or its epoch is shorter than
-        MEASURE_S, too short to tell its pace from the switch's. None: acted on. Live (textcls at 1,482 req/s, 90% of
-        capacity): 16 / 0 -> 32 / 0 -> 64 / 0 ms 0.5-0.8 s apart (by the backoff, or a re-plan then the backoff), the
-        second with 32 / 0 ms serving 1,557 items/s against 1,515 arriving; 64 / 0 ms then served no more than arrived,
-        and 800-900 requests stood for the rest of the step (p99 0.5-0.8 s). Where 32 / 0 ms was held, it served 1,631
-        items/s against 1,502 and the row read p99 32 ms."""
-        if self._params != self._raised or m.refused_rate:
+        as it is while a queue stands (`_standing`), where the fit says a further doubling serves no more
+        (`_doubling_pays`): it serves more than arrives, draining the queue it inherited, whose answers break the SLO
+        whatever the setting; or its epoch is shorter than MEASURE_S, too short to tell its pace from the switch's.
+        None: acted on. Live (textcls at 1,482 req/s, 90% of capacity): 16 / 0 -> 32 / 0 -> 64 / 0 ms 0.5-0.8 s apart
+        (by the backoff, or a re-plan then the backoff), the second with 32 / 0 ms serving 1,557 items/s against 1,515
+        arriving; 64 / 0 ms then served no more than arrived, and 800-900 requests stood for the rest of the step (p99
+        0.5-0.8 s). Where 32 / 0 ms was held, it served 1,631 items/s against 1,502 and the row read p99 32 ms."""
+        if self._params != self._raised or m.refused_rate or not self._standing(m):
             return None
         served = self._served_fit(m)
         if served is None or self._doubling_pays(self._params, served):

@@ -28,6 +28,7 @@ from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
 from batchpilot.runtime.tuner.batches import BatchReadings
 from batchpilot.runtime.tuner.figures import in_ms, predicted_figures
 from batchpilot.runtime.tuner.knobs import (
+    BACKLOG_SLOS,
     FULL_SHARE,
     GAIN,
     KEEP_PACE,
@@ -55,9 +56,14 @@ class Planning(BatchReadings):
         return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
 
     def _mark_raised(self, before: TuningParams, m: Measurement) -> None:
-        """Note the incumbent as a limit raised above `before` at an open loop's SLO break (`_doubled_for_pace`)."""
-        raised = self._incumbent.max_batch_size > before.max_batch_size and not read_workload(m).closed
-        self._raised = self._incumbent if raised else None
+        """Note the incumbent as a limit raised above `before` at an open loop's SLO break with a queue standing
+        (`_raised_for_pace`)."""
+        raised = self._incumbent.max_batch_size > before.max_batch_size and self._standing(m)
+        self._raised = self._incumbent if raised and not read_workload(m).closed else None
+
+    def _standing(self, m: Measurement) -> bool:
+        """More than BACKLOG_SLOS x the SLO's worth of work (at the pace served) is in the server."""
+        return m.in_server is not None and m.in_server > BACKLOG_SLOS * self._slo_s * m.items_per_s
 
     def _plan_fruitless(self, w: Workload, now: float) -> bool:
         """Did a plan for this closed loop (the setting in force, as many clients within 10%) find nothing better in the
