@@ -39,7 +39,8 @@ batches on a busy core, else the batch size doubles when the executor is the bot
 not an open loop's whose full batches would serve its arrivals with room to spare, or halves when the batches are; a
 closed loop's batches short of its clients take the delay its front-ends need to bring the missing items). An open
 loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the largest limit (then
-the lowest tail) among them is held.
+the lowest tail) among them is held. A limit raised at an open loop's break with a queue standing is not raised again
+while it drains that queue, nor within its first epoch, where the fit says a doubled limit serves no more.
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
 core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
