@@ -16,7 +16,6 @@ from batchpilot.runtime.autotune_model import (
 )
 from batchpilot.runtime.tuner.figures import in_ms, rounded
 from batchpilot.runtime.tuner.knobs import (
-    BACKLOG_SLOS,
     BOTTLENECK,
     BUSY,
     DRAINING,
@@ -173,12 +172,12 @@ class BreakRules(Planning):
         than answers is within the Poisson count's noise (live, soaks at 85% load: 7-11 of the breaks logged a run
         came with such a reading, each then backed off at once and towards larger batches). So the queue must also
         have risen since the epoch settled by more than two batches and two standard deviations of the arrival
-        count, or hold twice the SLO's worth of work at the pace served. Without queue figures, the rates alone."""
+        count, or stand (`_standing`). Without queue figures, the rates alone."""
         if m.refused_rate > 0:
             return True  # (the queue is full: past chance)
         if m.backlog_growth is None or m.in_server is None:
             return self._growing(m)
-        if m.in_server > BACKLOG_SLOS * self._slo_s * m.items_per_s:
+        if self._standing(m):
             return True
         noise = max(2 * m.params.max_batch_size, 2 * math.sqrt(m.arrival_rate * m.duration_s))
         return self._growing(m) and m.backlog_growth > noise
