@@ -912,12 +912,14 @@ def answer_open_plan(
     violation: bool,
     broke: tuple[TuningParams, ...] = (),
     sizes: tuple[int, ...] = (),
+    tuner: Autotuner | None = None,
 ) -> Decision | None:
     """What a tuner at preds[0]'s setting does with an open-loop plan over `preds` whose pick was preds[1] (`broke`:
-    settings that broke the SLO since it was last met; `sizes`: batch sizes it has fitted)."""
+    settings that broke the SLO since it was last met; `sizes`: batch sizes it has fitted; `tuner`: that tuner, a fresh
+    one when None)."""
     here = preds[0].params
     job = PlanJob("open", fit, tuple(c.params for c in preds), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
-    tuner = Autotuner(spec(50), here)
+    tuner = Autotuner(spec(50), here) if tuner is None else tuner
     tuner._broke.update(broke)
     for i in range(4):
         for n in sizes:
@@ -1241,12 +1243,9 @@ def test_a_limit_raised_on_an_open_loops_queue_is_not_doubled_again_while_it_dra
         """16 / 0 -> 32 / 0 ms at the break `m`: by the backoff, or by a re-plan's pick."""
         tuner = fitted_tuner(at_16, (4, 8, 16), wall=(a_s, b_s), cpu=(a_s, b_s))
         if planned:
-            fit = LatencyFit(a_s, b_s)
             preds = tuple(CandidatePrediction(p, 1487.2, t, t / 2, p.max_batch_size, 0.9, False) for p, t in
                           ((at_16, 0.48), (at_32, 0.045)))  # fmt: skip
-            job = PlanJob("open", fit, (at_16, at_32), 0.045, 0.0, 2000, arrival_rate=m.arrival_rate)
-            out = Outstanding(job, fit, read_workload(m), m, at_16, violation=True)
-            decision = tuner._after_plan(out, Solved(Plan(preds[1], False, 0.045, preds), 0.0), now=10.0)
+            decision = answer_open_plan(m, preds, LatencyFit(a_s, b_s), violation=True, tuner=tuner)
         else:
             decision = tuner._back_off(m, now=10.0)
         assert decision is not None and tuner.params == at_32
