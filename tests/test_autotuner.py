@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from batchpilot.runtime.autotune_model import (
     AloneFits,
+    CpuReading,
     Epoch,
+    ExecCpu,
     LatencyFit,
     Measurement,
     TuningParams,
@@ -25,7 +27,8 @@ from batchpilot.runtime.autotune_model import (
 from batchpilot.runtime.autotuner import Autotuner, Decision
 from batchpilot.runtime.batch_planner import CandidatePrediction, Plan
 from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
-from batchpilot.runtime.tuner.knobs import FIRST_LOOK_S, MAX_MEASURE_S, SETTLE_S
+from batchpilot.runtime.tuner.knobs import FIRST_LOOK_S, LEVEL_BATCHES, LEVEL_BOUNDS, MAX_MEASURE_S, SETTLE_S
+from batchpilot.runtime.tuner.readings import leveled
 from batchpilot.runtime.tuner.state import Outstanding
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
 from batchpilot.testing.queue_sim import BatcherSim, ClosedLoop, KneeLatency, LinearLatency, Load, Poisson
@@ -1146,6 +1149,52 @@ def fitted_tuner(
         for n in sizes:
             tuner.record_batch(n, wall[0] * n + wall[1], 10.0 + 0.1 * i, cpu_s=cpu[0] * n + cpu[1])
     return tuner
+
+
+def test_an_open_loops_cpu_fit_takes_its_level_from_the_epochs_own_batches() -> None:
+    """Live, run AZ (textcls, Poisson at 95% of capacity, one core): 16 / 2 ms served 1,389 items/s with the core
+    saturated, 0.179 ms of front-end CPU an item and 0.541 of executor CPU, where the CPU fit over the last 30 s (0.46
+    ms an item, 2.16 a batch) priced full batches of 16 at 1,292 items/s. Levelled on the epoch's own batches, the fit
+    reads 16 at the pace served, its shape kept; before LEVEL_BATCHES batches, or without a CPU reading, it stays as
+    fitted, and a reading far off moves it by LEVEL_BOUNDS at most."""
+    here, cpu = TuningParams(16, 0.002), LatencyFit(0.46e-3, 2.16e-3)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=2084, items_per_s=1389.4, arrival_rate=1427.6, company_share=1.0,
+        mean_s=0.038, mean_se=0.001, mean_wait_s=0.027, p99_s=0.0704, utilization=0.883, largest_batch=16,
+        mean_batch=16.0, full_share=1.0, peak_in_server=80, low_in_server=20, lag_ratio=1.05, own_cpu=1.0,
+        frontend_cpu_s=0.179e-3, in_server=60, backlog_growth=40, exec_cpu=ExecCpu(130, 2080, 2080 * 0.541e-3),
+    )  # fmt: skip
+    tuner = fitted_tuner(here, (4, 8, 16), wall=(0.6e-3, 1.6e-3), cpu=(cpu.a_s, cpu.b_s))
+    wall = tuner._memory.fit()
+    assert wall is not None
+
+    def capacity(m: Measurement, n: int) -> float:
+        return n / tuner._open_fit(m, wall)(n)
+
+    assert capacity(replace(m, exec_cpu=None), 16) == pytest.approx(1292, rel=0.01)
+    assert capacity(m, 16) == pytest.approx(1389.4, rel=0.01)
+    level = leveled(cpu, m)
+    assert level.b_s / level.a_s == pytest.approx(cpu.b_s / cpu.a_s)
+    few = replace(m, exec_cpu=ExecCpu(LEVEL_BATCHES - 1, 16 * (LEVEL_BATCHES - 1), 0.1))
+    assert leveled(cpu, few) == cpu and leveled(cpu, replace(m, exec_cpu=None)) == cpu
+    for per_item, bound in ((0.1e-3, LEVEL_BOUNDS[0]), (2e-3, LEVEL_BOUNDS[1])):
+        wild = replace(m, exec_cpu=ExecCpu(130, 2080, 2080 * per_item))
+        assert leveled(cpu, wild)(16) == pytest.approx(bound * cpu(16))
+
+
+def test_an_epoch_counts_its_executors_cpu_from_its_first_cpu_reading() -> None:
+    """The executor CPU an epoch levels the fit with covers the batches since its first CPU reading (the front-end
+    share is read over the same span)."""
+    epoch = Epoch(TuningParams(16, 0.002), start=0.0, settled_at=0.0, slo_s=0.05)
+    epoch.add_batch(16, 0.010, 0.1, cpu_s=0.009)
+    assert epoch.measure(0.15).exec_cpu is None
+    epoch.add_cpu(CpuReading(0.2, 1.0))
+    epoch.add_batch(16, 0.010, 0.3, cpu_s=0.008)
+    epoch.add_batch(8, 0.006, 0.4, cpu_s=0.005)
+    epoch.add_cpu(CpuReading(0.5, 1.02))
+    e = epoch.measure(0.5).exec_cpu
+    assert e is not None and (e.batches, e.items) == (2, 24) and e.seconds == pytest.approx(0.013)
+    assert e.mean_batch == 12.0 and e.per_batch_s == pytest.approx(0.0065)
 
 
 def test_an_open_loop_never_backs_off_to_a_larger_limit_whose_capacity_it_does_not_need() -> None:

@@ -199,6 +199,7 @@ class Epoch:
     cpu_last: CpuReading | None = None
     exec_cpu_s: float = 0.0
     items_since_cpu: int = 0
+    batches_since_cpu: int = 0
 
     def add_arrival(self, n_items: int, in_server: int, now: float) -> None:
         """`in_server`: items in the server before these arrived."""
@@ -226,6 +227,7 @@ class Epoch:
         if self.cpu_start is not None:
             self.exec_cpu_s += compute_s if cpu_s is None else cpu_s
             self.items_since_cpu += size
+            self.batches_since_cpu += 1
         if now >= self.settled_at:
             self.done_at.append(now)
             self.items_done += size
@@ -293,6 +295,9 @@ class Epoch:
             frontend_cpu_s=frontend,
             background_cpu=background,
             own_cpu=own,
+            exec_cpu=ExecCpu(self.batches_since_cpu, self.items_since_cpu, self.exec_cpu_s)
+            if self.cpu_start is not None
+            else None,
             lag_ratio=lag_ratio(np.asarray(self.lags), np.asarray(self.done_at), now),
             in_server=in_server,
             backlog_growth=None
@@ -321,6 +326,23 @@ class Epoch:
 
 
 @dataclass(frozen=True)
+class ExecCpu:
+    """What this model's executor spent (CPU `seconds`) on `batches` of `items` since an epoch's first CPU reading."""
+
+    batches: int
+    items: int
+    seconds: float
+
+    @property
+    def mean_batch(self) -> float:
+        return self.items / self.batches if self.batches else 0.0
+
+    @property
+    def per_batch_s(self) -> float:
+        return self.seconds / self.batches if self.batches else 0.0
+
+
+@dataclass(frozen=True)
 class Measurement:
     params: TuningParams
     duration_s: float
@@ -341,6 +363,7 @@ class Measurement:
     frontend_cpu_s: float | None = None  # process CPU per item beyond the executors (every model's items)
     background_cpu: float = 0.0  # share of the process's core(s) other models took (their executors and items)
     own_cpu: float = 0.0  # share this model took (its executor and its items' front-end work)
+    exec_cpu: ExecCpu | None = None  # this model's executor's CPU in the epoch (None: no CPU reading yet)
     lag_ratio: float | None = None  # arrivals' time after the answers against chance (`lag_ratio`); None: untold
     in_server: int | None = None  # items in the server when measured (None: not told)
     backlog_growth: int | None = None  # of them, how many more than when the epoch settled

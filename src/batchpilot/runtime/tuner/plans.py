@@ -39,7 +39,7 @@ from batchpilot.runtime.tuner.knobs import (
     TAIL_GAIN,
     TRIAL_MARGIN,
 )
-from batchpilot.runtime.tuner.readings import floored_p99, offered, same_population, stretched
+from batchpilot.runtime.tuner.readings import floored_p99, leveled, offered, same_population, stretched
 from batchpilot.runtime.tuner.state import Decision, Outstanding
 
 
@@ -47,12 +47,13 @@ class Planning(BatchReadings):
     """Plans: the job asked for, the pick from its answer, and how far the fit behind it reaches."""
 
     def _open_fit(self, m: Measurement, fit: LatencyFit) -> LatencyFit:
-        """An open loop's d(n) as its core serves it: on one core the executor's CPU fit with each item's front-end CPU
-        added (the core runs both), stretched by the share other models take; else the wall-time `fit`."""
+        """An open loop's d(n) as its core serves it: on one core the executor's CPU fit, levelled on the epoch's own
+        batches (`leveled`), with each item's front-end CPU added (the core runs both), stretched by the share other
+        models take; else the wall-time `fit`."""
         costs = self._cpu_costs(m)
         if costs is None:
             return fit
-        cpu_fit, f = stretched(costs, self._unsimulated_share(m, ()))
+        cpu_fit, f = stretched((leveled(costs[0], m), costs[1]), self._unsimulated_share(m, ()))
         return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
 
     def _mark_raised(self, before: TuningParams, m: Measurement) -> None:

@@ -12,7 +12,7 @@ from batchpilot.runtime.autotune_model import (
     Workload,
 )
 from batchpilot.runtime.batch_planner import CandidatePrediction
-from batchpilot.runtime.tuner.knobs import CHANGE_TRIGGER, LOAD_MOVED
+from batchpilot.runtime.tuner.knobs import CHANGE_TRIGGER, LEVEL_BATCHES, LEVEL_BOUNDS, LOAD_MOVED
 
 
 def offered(m: Measurement) -> float:
@@ -56,6 +56,21 @@ def stretched(costs: tuple[LatencyFit, float], share: float) -> tuple[LatencyFit
     as long)."""
     (fit, f), stretch = costs, 1.0 / (1.0 - share)
     return LatencyFit(fit.a_s * stretch, fit.b_s * stretch), f * stretch
+
+
+def leveled(fit: LatencyFit, m: Measurement) -> LatencyFit:
+    """The executor's CPU `fit`, its level from the epoch's own batches: scaled (within LEVEL_BOUNDS) to pass through
+    their executor CPU per batch at their mean size, its shape kept. Over 30 s of sizes the line can miss what the
+    batches in force cost now (an NLP model's batches change with the lengths queued and the padding budget): live
+    (run AZ, textcls, Poisson at 95% of capacity, one core), the fit and the front-ends summed to 1.08 cores at the
+    1,389 items/s batches of 16 served with the core saturated, so every larger limit read as near its capacity and
+    the tuner kept 16 / 2 ms, whose queue then broke the SLO. Unchanged before the epoch ran LEVEL_BATCHES batches."""
+    e = m.exec_cpu
+    if e is None or e.batches < LEVEL_BATCHES or fit(e.mean_batch) <= 0:
+        return fit
+    lo, hi = LEVEL_BOUNDS
+    scale = min(max(e.per_batch_s / fit(e.mean_batch), lo), hi)
+    return LatencyFit(fit.a_s * scale, fit.b_s * scale)
 
 
 def floored_p99(c: CandidatePrediction, p99_s: float, w: Workload) -> float:

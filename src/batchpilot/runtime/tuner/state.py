@@ -213,6 +213,7 @@ class TunerState:
             "core_own": round(m.own_cpu, 3),
             "core_others": round(m.background_cpu, 3),
             "frontend_cpu_ms": None if m.frontend_cpu_s is None else in_ms(m.frontend_cpu_s),
+            "exec_cpu_ms_per_item": in_ms(e.seconds / e.items) if (e := m.exec_cpu) is not None and e.items else None,
             "lag_ratio": None if m.lag_ratio is None else round(m.lag_ratio, 2),
             "in_server_low": m.low_in_server,  # items in the server at arrivals: the 2nd percentile
             "in_server_peak": m.peak_in_server,  # and the 98th
