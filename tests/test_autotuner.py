@@ -1182,6 +1182,34 @@ def test_an_open_loops_cpu_fit_takes_its_level_from_the_epochs_own_batches() -> 
         assert leveled(cpu, wild)(16) == pytest.approx(bound * cpu(16))
 
 
+def test_an_open_loop_its_full_batches_fall_behind_backs_off_at_its_first_break() -> None:
+    """Live, run BA2 (resnet-mini, Poisson at 95% of 32 / 2 ms's capacity, one core): full batches of 16 served 1,147
+    items/s against 1,248 arriving. The first break was kept for 2.5 s (a stall passes), the next dropped the delay, and
+    the limit doubled 5-6 s after the first break, the p99 by then 235-400 ms; three rows of three read 229-430 ms
+    where 32 / 2 ms static held 26-33 ms. Such a break backs off at once (the delay, then the limit); batches that
+    leave short of the limit, or a setting that keeps pace, are measured again first."""
+    here, at_0 = TuningParams(16, 0.002), TuningParams(16, 0.0)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=1720, items_per_s=1146.5, arrival_rate=1247.7, company_share=1.0,
+        mean_s=0.035, mean_se=0.001, mean_wait_s=0.024, p99_s=0.0658, utilization=0.889, largest_batch=16,
+        mean_batch=15.62, full_share=0.9, peak_in_server=70, low_in_server=10, lag_ratio=1.0, own_cpu=1.0,
+        frontend_cpu_s=0.173e-3, in_server=60, backlog_growth=30, exec_cpu=ExecCpu(110, 1718, 1718 * 0.696e-3),
+    )  # fmt: skip
+    assert not read_workload(m).closed
+
+    def answer(m: Measurement, params: TuningParams = here) -> Decision:
+        tuner = fitted_tuner(params, (4, 8, 16), wall=(0.63e-3, 1.67e-3), cpu=(0.55e-3, 1.5e-3))
+        decision = tuner._nothing_better(m, now=12.0)
+        assert decision is not None
+        return decision
+
+    assert answer(m).params == at_0
+    assert answer(replace(m, params=at_0), at_0).params == TuningParams(32, 0.0)
+    for measured_again in (replace(m, full_share=0.2, mean_batch=9.0), replace(m, arrival_rate=1160.0)):
+        kept = answer(measured_again)
+        assert kept.params == here and kept.detail.get("knob") == "kept"
+
+
 def test_an_epoch_counts_its_executors_cpu_from_its_first_cpu_reading() -> None:
     """The executor CPU an epoch levels the fit with covers the batches since its first CPU reading (the front-end
     share is read over the same span)."""

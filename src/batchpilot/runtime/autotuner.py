@@ -33,14 +33,17 @@ batches leave a queue behind, nor grows it past twice the largest batch fitted, 
 gathers its batches unless the core is idle; a
 closed loop's predicted p99 is never below its clients' round trip in the server, by Little's law). With nothing
 predicted to do better, a first break is measured again from after it (a stall passes; the setting was the best
-known); a second before an epoch met the SLO with margin, a tail over twice the SLO, a growing open-loop queue, or no
-fit over several sizes backs off multiplicatively (the delay drops to its minimum unless it gathers an open loop's
+known), unless an open loop's full batches serve less than arrives; a second before an epoch met the SLO with
+margin, a tail over twice the SLO, a growing open-loop queue, or no fit over several sizes backs off
+multiplicatively (the delay drops to its minimum unless it gathers an open loop's
 batches on a busy core, else the batch size doubles when the executor is the bottleneck or the core is not idle, but
 not an open loop's whose full batches would serve its arrivals with room to spare, or halves when the batches are; a
 closed loop's batches short of its clients take the delay its front-ends need to bring the missing items). An open
 loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the largest limit (then
 the lowest tail) among them is held. A limit raised at an open loop's break with a queue standing is not raised again
 while it drains that queue, nor within its first epoch, where the fit says a doubled limit serves no more.
+On one core an open loop's plan prices each item's front-end CPU beside the executor's CPU fit, whose level comes from
+the epoch's own batches (`readings.leveled`: a line over 30 s of sizes can miss what the batches in force cost now).
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those
 that publish how they run (`neighbour`, handed to the others' `set_neighbours`: closed loops planned on one
 core) are simulated beside this model, and a plan then picks only settings that keep their SLOs too; the share
