@@ -1203,7 +1203,8 @@ def test_an_open_loop_its_full_batches_fall_behind_backs_off_at_its_first_break(
         assert decision is not None
         return decision
 
-    assert answer(m).params == at_0
+    first = answer(m)
+    assert first.params == at_0 and first.detail.get("outgrown") is True  # (the log line says why)
     assert answer(replace(m, params=at_0), at_0).params == TuningParams(32, 0.0)
     for measured_again in (replace(m, full_share=0.2, mean_batch=9.0), replace(m, arrival_rate=1160.0)):
         kept = answer(measured_again)

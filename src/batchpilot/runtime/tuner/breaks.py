@@ -182,15 +182,16 @@ class BreakRules(Planning):
         noise = max(2 * m.params.max_batch_size, 2 * math.sqrt(m.arrival_rate * m.duration_s))
         return self._growing(m) and m.backlog_growth > noise
 
-    def _back_off(self, m: Measurement, now: float) -> Decision | None:
-        """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff`."""
+    def _back_off(self, m: Measurement, now: float, *, outgrown: bool = False) -> Decision | None:
+        """No model to re-plan with (or it found nothing): the fixed backoff of `_backoff` (`outgrown`: logged as a
+        setting its load has outgrown, `_outgrown`)."""
         p, safer = self._params, self._backoff(m)
         if safer is None:  # the search decides at the epoch's end
             return self._unanswered("nothing to back off to", m)
         self._incumbent, self._inc_meas = safer, None
         self._reopen()
         self._mark_raised(p, m)
-        return self._move(safer, "slo-violation", now, self._figures(m))
+        return self._move(safer, "slo-violation", now, {**self._figures(m), **({"outgrown": True} if outgrown else {})})
 
     def _backoff(self, m: Measurement) -> TuningParams | None:
         """Multiplicative decrease of the latency: drop the delay to its minimum (unless it gathers an open loop's
@@ -327,12 +328,17 @@ class BreakRules(Planning):
         between each, and held its SLO in 25% of the seconds); nor is an open loop its setting has outgrown
         (`_outgrown`)."""
         w = read_workload(m)
-        short = self._short_on_one_core(m, w) or self._outgrown(m, w)
-        if self._strike != self._incumbent and not self._severe(m) and not short:
+        outgrown = self._outgrown(m, w)
+        if (
+            self._strike != self._incumbent
+            and not self._severe(m)
+            and not self._short_on_one_core(m, w)
+            and not outgrown
+        ):
             self._strike = self._incumbent
             self._new_epoch(now, settle=SETTLE_S[1], fresh=True)
             return Decision(self._params, "slo-violation", {**self._figures(m), "knob": "kept"}, changed=False)
-        return self._back_off(m, now)
+        return self._back_off(m, now, outgrown=outgrown)
 
     def _outgrown(self, m: Measurement, w: Workload) -> bool:
         """Do an open loop's batches leave full (the limit binds) and serve less than arrives (`_growing`)? The setting
