@@ -66,11 +66,10 @@ def leveled(fit: LatencyFit, m: Measurement) -> LatencyFit:
     1,389 items/s batches of 16 served with the core saturated, so every larger limit read as near its capacity and
     the tuner kept 16 / 2 ms, whose queue then broke the SLO. Unchanged before the epoch ran LEVEL_BATCHES batches."""
     e = m.exec_cpu
-    if e is None or e.batches < LEVEL_BATCHES or fit(e.mean_batch) <= 0:
+    if e is None or e.batches < LEVEL_BATCHES or (fitted := fit(e.mean_batch)) <= 0:
         return fit
     lo, hi = LEVEL_BOUNDS
-    scale = min(max(e.per_batch_s / fit(e.mean_batch), lo), hi)
-    return LatencyFit(fit.a_s * scale, fit.b_s * scale)
+    return fit.through(e.mean_batch, min(max(e.per_batch_s, lo * fitted), hi * fitted))
 
 
 def floored_p99(c: CandidatePrediction, p99_s: float, w: Workload) -> float:
