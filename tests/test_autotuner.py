@@ -1211,6 +1211,45 @@ def test_an_open_loop_its_full_batches_fall_behind_backs_off_at_its_first_break(
         assert kept.params == here and kept.detail.get("knob") == "kept"
 
 
+def test_an_open_loop_whose_full_batches_bind_on_a_saturated_core_tries_a_doubled_limit_before_a_break() -> None:
+    """Runs BA2 and BB (Poisson at 95% of 32 / 2 ms's capacity, one core): 16 / 2 ms met the SLO for its first seconds
+    with its batches leaving full, then fell behind, and the queue gathered before the first break broke the row. Such
+    an epoch tries the doubled limit at the same delay at once (`_headroom`), as does one whose arrivals near the
+    limit's capacity. Batches that leave short of a limit with room to spare, a core not saturated, an epoch over the
+    SLO and a doubled limit already given back try nothing."""
+    here, wider = TuningParams(16, 0.002), TuningParams(32, 0.002)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=1755, items_per_s=1170.0, arrival_rate=1181.0, company_share=1.0,
+        mean_s=0.021, mean_se=0.001, mean_wait_s=0.011, p99_s=0.038, utilization=0.89, largest_batch=16,
+        mean_batch=15.3, full_share=0.8, peak_in_server=48, low_in_server=2, lag_ratio=1.0, own_cpu=1.0,
+        frontend_cpu_s=0.17e-3, in_server=20, backlog_growth=4,
+    )  # fmt: skip
+    assert not read_workload(m).closed
+
+    def next_move(m: Measurement, rejected: tuple[TuningParams, ...] = ()) -> Decision | None:
+        tuner = fitted_tuner(here, (4, 8, 16), wall=(0.63e-3, 1.67e-3), cpu=(0.55e-3, 1.5e-3))
+        tuner._inc_meas = m
+        tuner._rejected.update(rejected)
+        return tuner._next(now=12.0)
+
+    tried = next_move(m)
+    assert tried is not None and tried.params == wider and tried.detail.get("knob") == "headroom"
+    # Before they leave full: the arrivals load the limit's capacity (1,229 items/s by the fit, the front-ends' CPU
+    # counted) past OPEN_HEADROOM.
+    early = next_move(replace(m, full_share=0.3, mean_batch=12.5))
+    assert early is not None and early.params == wider and early.detail.get("knob") == "headroom"
+    at_80 = replace(m, items_per_s=985.0, arrival_rate=985.0, full_share=0.1, mean_batch=7.5)
+    for not_bound in (
+        at_80,  # the queue forms the batches, with room to spare
+        replace(m, own_cpu=0.6),  # the plan sees the limit's capacity
+        replace(m, p99_s=0.06),  # a break: `_nothing_better` answers it
+    ):
+        other = next_move(not_bound)
+        assert other is None or other.detail.get("knob") != "headroom"
+    given_back = next_move(m, rejected=(wider,))
+    assert given_back is None or given_back.params != wider
+
+
 def test_an_epoch_counts_its_executors_cpu_from_its_first_cpu_reading() -> None:
     """The executor CPU an epoch levels the fit with covers the batches since its first CPU reading (the front-end
     share is read over the same span)."""

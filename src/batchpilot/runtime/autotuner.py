@@ -249,6 +249,9 @@ class Autotuner(Search):
             elif self._settled and (merge := self._remerge(m, read_workload(m))) is not None:
                 self._reopen()
                 return self._move(merge, "probe:merge", now, self._figures(m))
+            elif self._settled and (room := self._headroom(m, read_workload(m))) is not None:
+                self._reopen()
+                return self._move(room, "probe:headroom", now, self._figures(m))
             if (flip := self._verdict(m, now)) is not None:
                 return flip
             if self._settled:

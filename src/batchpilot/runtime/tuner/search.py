@@ -18,6 +18,7 @@ from batchpilot.runtime.tuner.knobs import (
     ALONE_BUSY,
     FELL_ARRIVALS,
     FELL_BATCHES,
+    FULL_SHARE,
     GAIN,
     LOAD_MOVED,
     LOW_LOAD_COMPANY,
@@ -105,6 +106,8 @@ class Search(BreakRules):
         if self._others_trying:
             self._new_epoch(now)  # another model on the core tries a setting: one trial at a time
             return None
+        if (room := self._headroom(m, w)) is not None:
+            return self._move(room, "probe:headroom", now, self._figures(m))
         if (recalled := self._recall(m, w)) is not None:
             setting, served = recalled
             return self._move(setting, "probe:remembered", now, {**self._figures(m), "remembered_items_per_s": served})
@@ -152,6 +155,31 @@ class Search(BreakRules):
         ):
             return self._request_plan(fit, w, m, now, violation=False)
         return self._fill_or_settle(m, w, now)
+
+    def _headroom(self, m: Measurement, w: Workload) -> TuningParams | None:
+        """An open loop within the SLO on a saturated core whose batches leave full (the limit binds), or whose arrivals
+        load the limit's full-batch capacity past OPEN_HEADROOM (`_near_capacity`, by the open loop's levelled CPU fit):
+        it is served at its limit's capacity, so a few percent more arrivals, or a slower stretch of the host, grow its
+        queue. The
+        incumbent with the limit doubled at the same delay, tried before a break (a trial like any other: given back
+        within its epoch if it loses; not once rejected, a size lost, or one whose batches served measurably less than
+        a smaller limit's, `_outpaced`). Batches that leave short of the limit are formed by the queue, not capped by
+        it, and stay as they are. Live (runs BA2 and BB, Poisson at 95% of 32 / 2 ms's capacity, one core), 16 / 2 ms
+        met the SLO for its first seconds, then full batches of 16 served 1,147-1,177 items/s against 1,185-1,248
+        arriving, and the queue gathered before the first break broke the row (p99 229-430 ms; static 32 / 2 ms held
+        26-33). A held infeasible loop tries nothing."""
+        if w.closed or not self._feasible or m.p99_s > self._slo_s or not self._saturated(m):
+            return None  # (on a core not saturated the plan sees the limit's capacity: `_content` holds none back)
+        fit = self._memory.fit()
+        near = fit is not None and self._near_capacity(self._incumbent, self._open_fit(m, fit), w)
+        if m.full_share < FULL_SHARE and not near:
+            return None
+        n = self._incumbent.max_batch_size
+        wider = self._clip(replace(self._incumbent, max_batch_size=2 * n))
+        size = wider.max_batch_size
+        if size <= n or wider in self._rejected or size in self._lost_sizes or self._outpaced(size, m) is not None:
+            return None
+        return wider
 
     def _remerge(self, m: Measurement, w: Workload) -> TuningParams | None:
         """A settled closed loop on one core whose batches held every client (or the limit) when it settled and leave
