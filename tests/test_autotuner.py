@@ -1250,6 +1250,31 @@ def test_an_open_loop_whose_full_batches_bind_on_a_saturated_core_tries_a_double
     assert given_back is None or given_back.params != wider
 
 
+def test_a_limit_tried_for_headroom_is_kept_within_the_trial_margin_whatever_the_incumbents_tail() -> None:
+    """Live, run BC1 (textcls, Poisson at 80% load, one core, 16 / 2 ms at its capacity): the headroom trial of 32 / 2
+    ms read p99 33.4 ms against 16's 23.5 and was given back on the tail (over 1.25 x + 1 ms); 16 / 2 ms then read p99
+    52-57 ms within 2.5 s. Such a trial is judged on what it was tried for: kept within the trial margin (as a trial of
+    the same setting for a plan is not), given back over it."""
+    here, wider = TuningParams(16, 0.002), TuningParams(32, 0.002)
+    inc = Measurement(
+        params=here, duration_s=1.5, completed=2070, items_per_s=1379.5, arrival_rate=1382.8, company_share=1.0,
+        mean_s=0.012, mean_se=0.0003, mean_wait_s=0.004, p99_s=0.0235, utilization=0.873, largest_batch=16,
+        mean_batch=11.6, full_share=0.3, peak_in_server=40, lag_ratio=1.0, own_cpu=0.998, frontend_cpu_s=0.171e-3,
+    )  # fmt: skip
+    trial = replace(inc, params=wider, items_per_s=1379.8, arrival_rate=1361.9, p99_s=0.0334, mean_batch=13.0)
+
+    def kept(t: Measurement, *, room: bool) -> bool:
+        tuner = fitted_tuner(here, (4, 8, 16), wall=(0.63e-3, 1.67e-3), cpu=(0.45e-3, 2.5e-3))
+        tuner._inc_meas = inc
+        if room:
+            assert tuner._make_room(wider, inc, now=12.0) is not None
+        return tuner._confirms(t, inc)
+
+    assert kept(trial, room=True)
+    assert not kept(trial, room=False)
+    assert not kept(replace(trial, p99_s=0.047), room=True)  # over the trial margin
+
+
 def test_an_epoch_counts_its_executors_cpu_from_its_first_cpu_reading() -> None:
     """The executor CPU an epoch levels the fit with covers the batches since its first CPU reading (the front-end
     share is read over the same span)."""

@@ -107,7 +107,7 @@ class Search(BreakRules):
             self._new_epoch(now)  # another model on the core tries a setting: one trial at a time
             return None
         if (room := self._headroom(m, w)) is not None:
-            return self._move(room, "probe:headroom", now, self._figures(m))
+            return self._make_room(room, m, now)
         if (recalled := self._recall(m, w)) is not None:
             setting, served = recalled
             return self._move(setting, "probe:remembered", now, {**self._figures(m), "remembered_items_per_s": served})
@@ -180,6 +180,11 @@ class Search(BreakRules):
         if size <= n or wider in self._rejected or size in self._lost_sizes or self._outpaced(size, m) is not None:
             return None
         return wider
+
+    def _make_room(self, room: TuningParams, m: Measurement, now: float) -> Decision | None:
+        """Try `_headroom`'s doubled limit; its trial is judged on what it was tried for (`_confirms`)."""
+        self._roomier = room
+        return self._move(room, "probe:headroom", now, self._figures(m))
 
     def _remerge(self, m: Measurement, w: Workload) -> TuningParams | None:
         """A settled closed loop on one core whose batches held every client (or the limit) when it settled and leave

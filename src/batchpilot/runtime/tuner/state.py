@@ -127,6 +127,7 @@ class TunerState:
         self._planned: TuningParams | None = None  # the setting the last plan chose, while in force
         self._backoff_dir = 0  # +1 / -1: the size was last backed off up / down
         self._raised: TuningParams | None = None  # an open loop's limit raised at its last SLO break
+        self._roomier: TuningParams | None = None  # the last limit tried for headroom (`_headroom`)
         self._inc_meas: Measurement | None = None
         self._ref: Measurement | None = None  # the incumbent's figures when the search settled
         self._plan: Plan | None = None
@@ -169,7 +170,7 @@ class TunerState:
         self._settled, self._ref = False, None
         self._trials, self._probed = 0, False
         self._fruitless.clear()
-        self._raised = None
+        self._raised = self._roomier = None
 
     def _forget(self, now: float) -> None:
         horizon = now - self._window_s
