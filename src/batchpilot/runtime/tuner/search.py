@@ -24,6 +24,7 @@ from batchpilot.runtime.tuner.knobs import (
     LOW_LOAD_COMPANY,
     PLAN_TRIALS,
     REMEMBERED,
+    ROOM,
 )
 from batchpilot.runtime.tuner.readings import expected_company, more_clients, same_population
 from batchpilot.runtime.tuner.state import Decision
@@ -157,29 +158,33 @@ class Search(BreakRules):
         return self._fill_or_settle(m, w, now)
 
     def _headroom(self, m: Measurement, w: Workload) -> TuningParams | None:
-        """An open loop within the SLO on a saturated core whose batches leave full (the limit binds), or whose arrivals
-        load the limit's full-batch capacity past OPEN_HEADROOM (`_near_capacity`, by the open loop's levelled CPU fit):
-        it is served at its limit's capacity, so a few percent more arrivals, or a slower stretch of the host, grow its
-        queue. The
-        incumbent with the limit doubled at the same delay, tried before a break (a trial like any other: given back
-        within its epoch if it loses; not once rejected, a size lost, or one whose batches served measurably less than
-        a smaller limit's, `_outpaced`). Batches that leave short of the limit are formed by the queue, not capped by
-        it, and stay as they are. Live (runs BA2 and BB, Poisson at 95% of 32 / 2 ms's capacity, one core), 16 / 2 ms
-        met the SLO for its first seconds, then full batches of 16 served 1,147-1,177 items/s against 1,185-1,248
-        arriving, and the queue gathered before the first break broke the row (p99 229-430 ms; static 32 / 2 ms held
-        26-33). A held infeasible loop tries nothing."""
+        """An open loop within the SLO on a saturated core that its limit's capacity serves with no room: its batches
+        leave full (the limit binds), or its arrivals load the limit's full-batch capacity past OPEN_HEADROOM
+        (`_near_capacity`, by the levelled CPU fit) while a doubled limit's would take them within ROOM. A few percent
+        more arrivals, or a slower stretch of the host, then grow its queue. Returns the incumbent with the limit
+        doubled at the same delay, to try before a break (a trial: given back within its epoch if it loses,
+        `_confirms`); None where that setting was given back, its size lost, or its batches served measurably less than
+        a smaller limit's (`_outpaced`), and for a held infeasible loop. Live (runs BA2 and BB, Poisson at 95% of 32 / 2
+        ms's capacity, one core), 16 / 2 ms met the SLO for its first seconds, then full batches of 16 served
+        1,147-1,177 items/s against 1,185-1,248 arriving, and the queue gathered before the first break broke the row
+        (p99 229-430 ms; static 32 / 2 ms held 26-33)."""
         if w.closed or not self._feasible or m.p99_s > self._slo_s or not self._saturated(m):
             return None  # (on a core not saturated the plan sees the limit's capacity: `_content` holds none back)
-        fit = self._memory.fit()
-        near = fit is not None and self._near_capacity(self._incumbent, self._open_fit(m, fit), w)
-        if m.full_share < FULL_SHARE and not near:
-            return None
         n = self._incumbent.max_batch_size
         wider = self._clip(replace(self._incumbent, max_batch_size=2 * n))
         size = wider.max_batch_size
         if size <= n or wider in self._rejected or size in self._lost_sizes or self._outpaced(size, m) is not None:
             return None
-        return wider
+        if m.full_share >= FULL_SHARE:
+            return wider
+        fit = self._memory.fit()
+        served = None if fit is None else self._open_fit(m, fit)
+        if served is None or not self._near_capacity(self._incumbent, served, w):
+            return None
+        # Short of full batches, the doubled limit must itself take the arrivals within ROOM of its capacity: live (run
+        # BC2, resnet-mini at 95% of 32 / 2 ms's capacity), 32 -> 64 / 2 ms, tried at about 100% of 64's fitted
+        # capacity, broke the SLO at once (p99 94 ms) and was given back, where 16 -> 32 at 91-92% of 32's had held.
+        return wider if w.arrival_rate <= ROOM * size / max(served(size), 1e-12) else None
 
     def _make_room(self, room: TuningParams, m: Measurement, now: float) -> Decision | None:
         """Try `_headroom`'s doubled limit; its trial is judged on what it was tried for (`_confirms`)."""
