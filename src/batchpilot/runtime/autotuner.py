@@ -17,7 +17,9 @@ prediction's error at the incumbent corrects the others' predicted p99. With not
 predicted the tuner is settled and makes no changes until the load or the latency moves by 30%.
 No trial starts while an open-loop queue holds more than the SLO's worth of work, nor while an open loop within the
 SLO runs on a saturated core (its objective is met: every stable setting serves its arrivals); there no plan lengthens
-an open loop's delay either.
+an open loop's delay either. The one exception is headroom (`_headroom`): where such a loop's batches leave full, the
+doubled limit at the same delay is tried before a break, and kept within the trial margin whatever the incumbent's tail
+(read at the edge of its capacity).
 Before a fit over several batch sizes exists, one probe (size x2 or /2) supplies one.
 A closed loop whose clients could fill batches of twice the largest size fitted or more measures the largest
 such size once (`_wider`, a trial; at an SLO break, before any re-plan): a line is not trusted far beyond its sizes.

@@ -20,7 +20,6 @@ IDLE = 0.5  # an open loop lowers its limit only while its executor and its core
 LEVEL_BATCHES = 20  # an epoch's batches behind the level of an open loop's CPU fit (`readings.leveled`)...
 LEVEL_BOUNDS = (0.67, 1.5)  # ...which moves it by these factors at most
 OPEN_HEADROOM = 0.9  # an open loop may load a setting's full-batch capacity up to this share
-ROOM = 0.95  # ...and a limit doubled for headroom before its batches leave full, up to this share
 PLAN_TRIALS = 3  # planned settings tried per search at most
 GAIN = 0.03  # a planned setting must promise this much more items/s than the incumbent...
 TAIL_GAIN = 0.2  # ...or, at the same items/s, this much less p99
