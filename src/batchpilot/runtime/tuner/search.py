@@ -167,16 +167,18 @@ class Search(BreakRules):
         first break broke the row (p99 229-430 ms; static 32 / 2 ms held 26-33)."""
         if w.closed or not self._feasible or m.p99_s > self._slo_s or not self._saturated(m):
             return None  # (on a core not saturated the plan sees the limit's capacity: `_content` holds none back)
+        # Only where the batches show it. Doubled on the fit's word alone (the arrivals past OPEN_HEADROOM of the
+        # limit's fitted capacity, its batches short of it), the limit went on from 32 to 64 in 6 of 12 rows at 95% load
+        # (runs BC2 and BC3), and every such trial broke the SLO, given back at once or held at 64 / 2 ms through
+        # breaks. (Read before the paces below: this runs at every epoch's end.)
+        if m.full_share < FULL_SHARE:
+            return None
         n = self._incumbent.max_batch_size
         wider = self._clip(replace(self._incumbent, max_batch_size=2 * n))
         size = wider.max_batch_size
         if size <= n or wider in self._rejected or size in self._lost_sizes or self._outpaced(size, m) is not None:
             return None
-        # Only where the batches show it. Doubled on the fit's word alone (the arrivals past OPEN_HEADROOM of the
-        # limit's fitted capacity, its batches short of it), the limit went on from 32 to 64 in 6 of 12 rows at 95% load
-        # (runs BC2 and BC3), and every such trial broke the SLO, given back at once or held at 64 / 2 ms through
-        # breaks.
-        return wider if m.full_share >= FULL_SHARE else None
+        return wider
 
     def _make_room(self, room: TuningParams, m: Measurement, now: float) -> Decision | None:
         """Try `_headroom`'s doubled limit; its trial is judged on what it was tried for (`_confirms`)."""
