@@ -27,7 +27,14 @@ from batchpilot.runtime.autotune_model import (
 from batchpilot.runtime.autotuner import Autotuner, Decision
 from batchpilot.runtime.batch_planner import CandidatePrediction, Plan
 from batchpilot.runtime.plan_jobs import PlanJob, Solved, solve
-from batchpilot.runtime.tuner.knobs import FIRST_LOOK_S, LEVEL_BATCHES, LEVEL_BOUNDS, MAX_MEASURE_S, SETTLE_S
+from batchpilot.runtime.tuner.knobs import (
+    FIRST_LOOK_S,
+    LEVEL_BATCHES,
+    LEVEL_BOUNDS,
+    MAX_MEASURE_S,
+    REVISIT,
+    SETTLE_S,
+)
 from batchpilot.runtime.tuner.readings import leveled
 from batchpilot.runtime.tuner.state import Outstanding
 from batchpilot.spec.model import AutotuneBounds, AutotuneSpec
@@ -1272,6 +1279,53 @@ def test_a_limit_tried_for_headroom_is_kept_within_the_trial_margin_whatever_the
     assert kept(trial, room=True)
     assert not kept(trial, room=False)
     assert not kept(replace(trial, p99_s=0.047), room=True)  # over the trial margin
+
+
+def test_an_open_loops_limit_raised_at_a_break_that_keeps_breaking_tries_the_limit_it_replaced() -> None:
+    """Live, run BC's soak (textcls, Poisson at 879 req/s, one core): a plan at a break moved 16 / 2 -> 32 / 2 ms, which
+    held for nine minutes through 25 breaks that no plan could better (p99 50-91 ms an epoch), 16 / 2 ms never measured
+    again. At the REVISIT-th such break the tuner tries the limit the raise replaced, judged against the break (kept
+    within the SLO), and no headroom trial takes it back to the given-up limit at that load. Arrivals near the smaller
+    limit's capacity, a growing queue, a limit not raised at a break, or a closed loop try nothing."""
+    here, before = TuningParams(32, 0.002), TuningParams(16, 0.002)
+    m = Measurement(
+        params=here, duration_s=1.5, completed=1318, items_per_s=879.0, arrival_rate=880.0, company_share=1.0,
+        mean_s=0.024, mean_se=0.001, mean_wait_s=0.012, p99_s=0.0612, utilization=0.8, largest_batch=32,
+        mean_batch=11.2, full_share=0.05, peak_in_server=45, low_in_server=2, lag_ratio=1.0, own_cpu=0.9,
+        frontend_cpu_s=0.17e-3, in_server=8, backlog_growth=2,
+    )  # fmt: skip
+    assert not read_workload(m).closed
+
+    def breaks(m: Measurement, *, lifted: bool = True) -> tuple[Autotuner, list[Decision | None]]:
+        tuner = fitted_tuner(here, (8, 16, 32), wall=(0.63e-3, 1.67e-3), cpu=(0.45e-3, 2.5e-3))
+        if lifted:
+            tuner._mark_raised(before, m)
+        answers = []
+        for i in range(REVISIT):
+            answers.append(tuner._nothing_better(m, now=12.0 + 3 * i))
+            tuner._strike = None  # (an epoch within the SLO with margin between the breaks)
+        return tuner, answers
+
+    tuner, answers = breaks(m)
+    assert all(a is not None and a.params == here and a.detail.get("knob") == "kept" for a in answers[:-1])
+    last = answers[-1]
+    assert last is not None and last.params == before and last.detail.get("knob") == "revisit"
+    # Judged against the break's figures: within the SLO, kept.
+    trial = replace(m, params=before, p99_s=0.041, mean_batch=9.5, largest_batch=16, full_share=0.3)
+    assert tuner._inc_meas == m and tuner._confirms(trial, m)
+    # Kept, 16's full batches on a saturated core try no headroom back to 32 at this load; 30% more arrivals do.
+    full = replace(trial, full_share=0.8, mean_batch=15.0, p99_s=0.03, own_cpu=1.0)
+    tuner._incumbent = tuner._params = before
+    tuner._rejected.clear()
+    assert tuner._headroom(full, read_workload(full)) is None
+    more = replace(full, arrival_rate=1160.0, items_per_s=1160.0)
+    assert tuner._headroom(more, read_workload(more)) == here
+    for not_revisited in (
+        breaks(replace(m, arrival_rate=1250.0, items_per_s=1240.0))[1][-1],  # 16's full batches near capacity
+        breaks(replace(m, arrival_rate=960.0, in_server=120, backlog_growth=110))[1][-1],  # a queue grows
+        breaks(m, lifted=False)[1][-1],  # raised by no break
+    ):
+        assert not_revisited is None or not_revisited.params != before
 
 
 def test_an_epoch_counts_its_executors_cpu_from_its_first_cpu_reading() -> None:

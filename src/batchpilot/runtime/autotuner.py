@@ -44,6 +44,8 @@ closed loop's batches short of its clients take the delay its front-ends need to
 loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the largest limit (then
 the lowest tail) among them is held. A limit raised at an open loop's break with a queue standing is not raised again
 while it drains that queue, nor within its first epoch, where the fit says a doubled limit serves no more.
+One that breaks the SLO at REVISIT breaks no plan can better goes back to the limit it replaced, a trial judged against
+the break (`_revisit`), unless that limit's full batches would serve the arrivals near their capacity or a queue grows.
 On one core an open loop's plan prices each item's front-end CPU beside the executor's CPU fit, whose level comes from
 the epoch's own batches (`readings.leveled`: a line over 30 s of sizes can miss what the batches in force cost now).
 On one core, other models' executors and requests take a measured share of the core (`record_cpu`). Those

@@ -36,6 +36,7 @@ KEEP_PACE = 0.95  # a violation's pick must be predicted to serve this share of 
 SEVERE = 2.0  # an SLO break with a p99 over this multiple of the SLO is backed off at once
 FUTILE = 3  # an open loop that broke the SLO at this many settings in a row (none met it between): infeasible...
 HOLD_EPOCHS = 3  # ...until this many epochs in a row meet it with margin
+REVISIT = 3  # an open loop's limit raised at a break that breaks the SLO this often tries the limit it replaced
 MAX_BACKGROUND = 0.9  # the most of a shared core that other models are taken to leave this one without
 BESIDE = 0.1  # share of the core other models take from which a model counts as sharing it...
 SATURATED = 0.75  # ...and share of it busy (every model) from which the core counts as saturated

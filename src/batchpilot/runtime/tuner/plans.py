@@ -57,10 +57,12 @@ class Planning(BatchReadings):
         return LatencyFit(cpu_fit.a_s + f, cpu_fit.b_s)
 
     def _mark_raised(self, before: TuningParams, m: Measurement) -> None:
-        """Note the incumbent as a limit raised above `before` at an open loop's SLO break with a queue standing
-        (`_raised_for_pace`)."""
-        raised = self._incumbent.max_batch_size > before.max_batch_size and self._standing(m)
-        self._raised = self._incumbent if raised and not read_workload(m).closed else None
+        """Note the incumbent as a limit raised above `before` at an open loop's SLO break (`_revisit`), and with a
+        queue standing (`_raised_for_pace`)."""
+        lifted = self._incumbent.max_batch_size > before.max_batch_size and not read_workload(m).closed
+        self._raised = self._incumbent if lifted and self._standing(m) else None
+        if lifted:
+            self._lifted, self._lifted_breaks, self._given_up = (self._incumbent, before), 0, None
 
     def _standing(self, m: Measurement) -> bool:
         """More than BACKLOG_SLOS x the SLO's worth of work (at the pace served) is in the server."""

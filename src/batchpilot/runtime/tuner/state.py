@@ -127,6 +127,11 @@ class TunerState:
         self._planned: TuningParams | None = None  # the setting the last plan chose, while in force
         self._backoff_dir = 0  # +1 / -1: the size was last backed off up / down
         self._raised: TuningParams | None = None  # an open loop's limit raised at its last SLO break
+        # An open loop's limit raised at a break, with the setting it replaced, and the breaks it has brought since
+        # (`_revisit`); a raised limit given up for the one it replaced, with the arrival rate then.
+        self._lifted: tuple[TuningParams, TuningParams] | None = None
+        self._lifted_breaks = 0
+        self._given_up: tuple[TuningParams, float] | None = None
         self._roomier: TuningParams | None = None  # the last limit tried for headroom (`_headroom`)
         self._inc_meas: Measurement | None = None
         self._ref: Measurement | None = None  # the incumbent's figures when the search settled
@@ -161,6 +166,7 @@ class TunerState:
         """Another load: the setting in force becomes the incumbent without a verdict (a trial's comparison says nothing
         about either), and the search starts over from a new epoch."""
         self._incumbent, self._planned = self._params, None
+        self._lifted = self._given_up = None
         self._reopen()
         self._new_epoch(now, settle=settle)
 
