@@ -1540,6 +1540,22 @@ def test_a_break_at_a_limit_a_smaller_one_outpaced_goes_back_to_it() -> None:
     assert kept is None or kept.params.max_batch_size != 64
 
 
+def test_an_epoch_without_a_cpu_reading_paces_the_batches_with_the_front_end_cpu_last_measured() -> None:
+    """Live (run BC3, textcls at 95% load, one core): a break at 32 / 0 ms was sent back to 16 (`_outpaced`) on paces
+    read without front-end CPU, the epoch holding no CPU reading, and 16 could not keep up (the row's p99 361 ms). The
+    front-end's share of each item narrows the gap between the two limits' paces: such an epoch takes the last one
+    measured, and the gap here stays within SLOWER."""
+    per_item_ms = {16: 0.6, 32: 0.76}  # 1,667 and 1,316 items/s by the batches alone: 1.27 x
+    measured, unread = ah3_break(32, lag_ratio=1.0, frontend_cpu_s=0.2e-3), ah3_break(32, lag_ratio=1.0)
+    unread = replace(unread, frontend_cpu_s=None)
+    assert not read_workload(unread).closed
+    tuner = run_ah3(Autotuner(spec(50), TuningParams(32, 0.0), cores=1), per_item_ms)
+    assert tuner._outpaced(32, measured) is None  # 1,250 and 1,042 items/s with 0.2 ms an item: 1.2 x
+    assert tuner._outpaced(32, unread) is None
+    never = run_ah3(Autotuner(spec(50), TuningParams(32, 0.0), cores=1), per_item_ms)
+    assert never._outpaced(32, unread) == 16  # (no reading yet: the batches alone)
+
+
 def aj_closed() -> Measurement:
     """Run AJ's epoch at 32 / 2 ms (resnet-mini, 64 clients, all in the server, arriving as the answers leave: a
     closed loop)."""

@@ -140,6 +140,7 @@ class TunerState:
         self._charged: float | None = None  # front-end CPU per item the last plan charged (one core)
         self._background = 0.0  # share of the core other models took when the last plan was made (one core)
         self._shares = (0.0, 0.0)  # the core's shares this model and the others took, as last measured
+        self._front_s = 0.0  # front-end CPU per item, as last measured (`_front`)
         self._pending: Decision | None = None
         self._epoch: Epoch | None = None
         self._quick: Epoch | None = None  # the epoch measuring a closed loop's fallen population (`_fell`)
