@@ -1286,7 +1286,7 @@ def test_an_open_loops_limit_raised_at_a_break_that_keeps_breaking_tries_the_lim
     held for nine minutes through 25 breaks that no plan could better (p99 50-91 ms an epoch), 16 / 2 ms never measured
     again. At the REVISIT-th such break the tuner tries the limit the raise replaced, judged against the break (kept
     within the SLO), and no headroom trial takes it back to the given-up limit at that load. Arrivals near the smaller
-    limit's capacity, a growing queue, a limit not raised at a break, or a closed loop try nothing."""
+    limit's capacity, a growing queue, or a limit not raised at a break try nothing."""
     here, before = TuningParams(32, 0.002), TuningParams(16, 0.002)
     m = Measurement(
         params=here, duration_s=1.5, completed=1318, items_per_s=879.0, arrival_rate=880.0, company_share=1.0,
