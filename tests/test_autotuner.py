@@ -1256,6 +1256,44 @@ def test_an_open_loop_whose_full_batches_bind_on_a_saturated_core_tries_a_double
     assert given_back is None or given_back.params != wider
 
 
+def test_a_settled_open_loop_whose_full_batches_bind_on_a_saturated_core_tries_headroom_at_an_epochs_end() -> None:
+    """The settled path of `_headroom`, driven through `step` on recorded figures: an open loop settled at 16 / 2 ms,
+    Poisson counts of arrivals at about 1,000 items/s leaving in batches of up to 16, the process busy all along (its
+    CPU clock read every 0.25 s), answers at 20 ms. At its next epoch's end the search reopens and tries 32 / 2 ms; with
+    the process half idle, the settled loop stays where it is."""
+    here = TuningParams(16, 0.002)
+
+    def settled_step(*, busy: float = 1.0, exec_cpu_s: float = 0.013) -> Decision | None:
+        tuner = fitted_tuner(here, (4, 8, 16), wall=(0.63e-3, 1.67e-3), cpu=(0.55e-3, 1.5e-3))
+        tuner._new_epoch(20.0, settle=0.0)
+        t, cpu = 20.0, 100.0
+        tuner.record_cpu(cpu, t)
+        rng, waiting = np.random.default_rng(7), 0
+        while t < 22.0:  # Poisson counts of 16 a batch's 16 ms on average, spread over it: 1,000 items/s
+            arriving = int(rng.poisson(16))
+            for j in range(arriving):
+                tuner.record_arrival(1, t + j * 0.016 / max(arriving, 1))
+            waiting += arriving
+            t += 0.016
+            if (n := min(waiting, 16)) > 0:
+                tuner.record_batch(n, 0.014, t, cpu_s=exec_cpu_s)
+                for _ in range(n):
+                    tuner.record_request(0.020, 0.006, t, front_s=0.0002)
+                waiting -= n
+            if int(t / 0.25) != int((t - 0.016) / 0.25):
+                cpu += busy * 0.25
+                tuner.record_cpu(cpu, t)
+        m = tuner._epoch_at(t).measure(t, tuner._in_server)
+        assert not read_workload(m).closed and m.p99_s <= 0.05
+        tuner._settled, tuner._ref, tuner._inc_meas = True, m, m
+        return tuner.step(t)
+
+    tried = settled_step()
+    assert tried is not None and tried.params == TuningParams(32, 0.002) and tried.detail.get("knob") == "headroom"
+    half_idle = settled_step(busy=0.5, exec_cpu_s=0.006)
+    assert half_idle is None or half_idle.detail.get("knob") != "headroom"
+
+
 def test_a_limit_tried_for_headroom_is_kept_within_the_trial_margin_whatever_the_incumbents_tail() -> None:
     """Live, run BC1 (textcls, Poisson at 80% load, one core, 16 / 2 ms at its capacity): the headroom trial of 32 / 2
     ms read p99 33.4 ms against 16's 23.5 and was given back on the tail (over 1.25 x + 1 ms); 16 / 2 ms then read p99
