@@ -356,11 +356,12 @@ class BreakRules(Planning):
         if lifted is None or lifted[0] != self._incumbent or self._params != self._incumbent or w.closed:
             return None
         self._lifted_breaks += 1
+        if self._lifted_breaks < REVISIT:
+            return None
         back = replace(self._incumbent, max_batch_size=lifted[1].max_batch_size)
         served = self._served_fit(m)
         if (
-            self._lifted_breaks < REVISIT
-            or served is None
+            served is None
             or self._near_capacity(back, served, w)
             or self._queue_grows(m)
             or self._standing(m)

@@ -177,11 +177,11 @@ class Search(BreakRules):
         n = self._incumbent.max_batch_size
         wider = self._clip(replace(self._incumbent, max_batch_size=2 * n))
         size = wider.max_batch_size
-        if size <= n or wider in self._rejected or size in self._lost_sizes or self._outpaced(size, m) is not None:
-            return None
         # Nor a limit given up after its breaks (`_revisit`) while the arrivals have not risen by CHANGE_TRIGGER since.
         up = self._given_up
         if up is not None and up[0] == wider and m.arrival_rate < (1 + CHANGE_TRIGGER) * up[1]:
+            return None
+        if size <= n or wider in self._rejected or size in self._lost_sizes or self._outpaced(size, m) is not None:
             return None
         return wider
 
