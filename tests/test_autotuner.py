@@ -1193,8 +1193,10 @@ def test_an_open_loop_its_full_batches_fall_behind_backs_off_at_its_first_break(
     """Live, run BA2 (resnet-mini, Poisson at 95% of 32 / 2 ms's capacity, one core): full batches of 16 served 1,147
     items/s against 1,248 arriving. The first break was kept for 2.5 s (a stall passes), the next dropped the delay, and
     the limit doubled 5-6 s after the first break, the p99 by then 235-400 ms; three rows of three read 229-430 ms
-    where 32 / 2 ms static held 26-33 ms. Such a break backs off at once (the delay, then the limit); batches that
-    leave short of the limit, or a setting that keeps pace, are measured again first."""
+    where 32 / 2 ms static held 26-33 ms. Such a break backs off at once: the limit doubled at the same delay where the
+    fit says the doubled limit serves more (full batches leave without waiting out the delay: run BD1 lost 6 s and a
+    row to the delay dropped first), else the delay, then the limit; batches that leave short of the limit, or a
+    setting that keeps pace, are measured again first."""
     here, at_0 = TuningParams(16, 0.002), TuningParams(16, 0.0)
     m = Measurement(
         params=here, duration_s=1.5, completed=1720, items_per_s=1146.5, arrival_rate=1247.7, company_share=1.0,
@@ -1204,18 +1206,28 @@ def test_an_open_loop_its_full_batches_fall_behind_backs_off_at_its_first_break(
     )  # fmt: skip
     assert not read_workload(m).closed
 
-    def answer(m: Measurement, params: TuningParams = here) -> Decision:
-        tuner = fitted_tuner(params, (4, 8, 16), wall=(0.63e-3, 1.67e-3), cpu=(0.55e-3, 1.5e-3))
+    def answer(m: Measurement, params: TuningParams = here, per_batch_s: float = 1.5e-3) -> Decision:
+        tuner = fitted_tuner(params, (4, 8, 16), wall=(0.63e-3, 1.67e-3), cpu=(0.55e-3, per_batch_s))
         decision = tuner._nothing_better(m, now=12.0)
         assert decision is not None
         return decision
 
     first = answer(m)
-    assert first.params == at_0 and first.detail.get("outgrown") is True  # (the log line says why)
+    assert first.params == TuningParams(32, 0.002) and first.detail.get("outgrown") is True  # (the log says why)
+    flat = answer(m, per_batch_s=0.05e-3)  # an item's cost is the batch's: a doubled limit serves no more
+    assert flat.params == at_0 and flat.detail.get("outgrown") is True
     assert answer(replace(m, params=at_0), at_0).params == TuningParams(32, 0.0)
     for measured_again in (replace(m, full_share=0.2, mean_batch=9.0), replace(m, arrival_rate=1160.0)):
         kept = answer(measured_again)
         assert kept.params == here and kept.detail.get("knob") == "kept"
+    # At a limit itself raised at a break, whose queue it inherited, the delay goes first (run BD2: 16 / 2 -> 32 / 2 ->
+    # 64 / 2 ms within a second, twice).
+    raised = TuningParams(32, 0.002)
+    at_32 = replace(m, params=raised, largest_batch=32, mean_batch=31.2, peak_in_server=140, in_server=120)
+    tuner = fitted_tuner(raised, (8, 16, 32), wall=(0.63e-3, 1.67e-3), cpu=(0.55e-3, 1.5e-3))
+    assert tuner._backoff(at_32) == TuningParams(64, 0.002)  # (not raised at a break: the limit binds)
+    tuner._lifted = (raised, here)
+    assert tuner._backoff(at_32) == TuningParams(32, 0.0)
 
 
 def test_an_open_loop_whose_full_batches_bind_on_a_saturated_core_tries_a_doubled_limit_before_a_break() -> None:
@@ -1410,7 +1422,8 @@ def test_an_open_loop_that_keeps_pace_never_doubles_a_limit_its_batches_leave_sh
     pace (902 items/s served, 894 arriving) with the executor 94% busy, doubled the limit to 32, held for the rest of
     the soak at p99 58 ms; alone at that rate, 16 / 0 and 16 / 2 ms read 38 ms over 90 s, 32 / 0 ms 43. By the fit,
     batches of 32 would serve 5% more than batches of 16, but the batches leave short of 16: that limit holds nothing
-    back. Such a break keeps the limit; with full batches (once the delay is 0), or the queue growing, it doubles."""
+    back. Such a break keeps the limit; with full batches and a queue behind them (at once, the delay kept: full
+    batches leave without waiting it out), or the queue growing, it doubles."""
     here, wider = TuningParams(16, 0.002), TuningParams(32, 0.002)
     m = Measurement(
         params=here, duration_s=1.5, completed=1354, items_per_s=902.5, arrival_rate=894.0, company_share=1.0,
@@ -1425,7 +1438,7 @@ def test_an_open_loop_that_keeps_pace_never_doubles_a_limit_its_batches_leave_sh
 
     assert fitted()._backoff(m) is None
     full = replace(m, full_share=0.8, mean_batch=15.2)
-    assert fitted()._backoff(full) == TuningParams(16, 0.0)  # (the delay first)
+    assert fitted()._backoff(full) == wider
     at_0 = TuningParams(16, 0.0)
     assert fitted(at_0)._backoff(replace(full, params=at_0)) == TuningParams(32, 0.0)
     assert fitted()._backoff(replace(m, arrival_rate=1000.0)) == wider  # (served 10% short of the arrivals)

@@ -38,7 +38,8 @@ predicted to do better, a first break is measured again from after it (a stall p
 known), unless an open loop's full batches serve less than arrives; a second before an epoch met the SLO with
 margin, a tail over twice the SLO, a growing open-loop queue, or no fit over several sizes backs off
 multiplicatively (the delay drops to its minimum unless it gathers an open loop's
-batches on a busy core, else the batch size doubles when the executor is the bottleneck or the core is not idle, but
+batches on a busy core, or full batches leave a queue behind where the fit says a doubled limit serves more, else the
+batch size doubles when the executor is the bottleneck or the core is not idle, but
 not an open loop's whose full batches would serve its arrivals with room to spare, or halves when the batches are; a
 closed loop's batches short of its clients take the delay its front-ends need to bring the missing items). An open
 loop that breaks the SLO at three settings in a row is declared infeasible, and the one with the largest limit (then

@@ -196,19 +196,19 @@ class BreakRules(Planning):
 
     def _backoff(self, m: Measurement) -> TuningParams | None:
         """Multiplicative decrease of the latency: drop the delay to its minimum (unless it gathers an open loop's
-        batches on a busy core: `_emptier`); else double the size when the executor is the bottleneck (the queue is what
-        is slow) or the core is busy, else halve it (the batches are). Never reverses an earlier backoff before the
-        search has settled again. A closed loop of several clients backs off to fuller batches instead (`_fuller`): its
-        clients wait on the server most of their round trip, which lasts clients / items per second, so only more items
-        per second shortens it, and emptier batches serve fewer (live at 32 clients: resnet-mini 16 / 0 ms served 909
-        items/s at p99 65.8 ms where 16 / 1 ms served 970 at 44.5; textcls halved 16 -> 8 fell from 1,130 to 580-810
-        items/s, every break answered by a further drop)."""
+        batches on a busy core, `_emptier`, or the limit binds, `_limit_binds`); else double the size when the executor
+        is the bottleneck (the queue is what is slow) or the core is busy, else halve it (the batches are). Never
+        reverses an earlier backoff before the search has settled again. A closed loop of several clients backs off to
+        fuller batches instead (`_fuller`): its clients wait on the server most of their round trip, which lasts clients
+        / items per second, so only more items per second shortens it, and emptier batches serve fewer (live at 32
+        clients: resnet-mini 16 / 0 ms served 909 items/s at p99 65.8 ms where 16 / 1 ms served 970 at 44.5; textcls
+        halved 16 -> 8 fell from 1,130 to 580-810 items/s, every break answered by a further drop)."""
         p = self._params
         w = read_workload(m)
         if self._frugal(m, w) or w.grouped:
             return self._fuller(m, w)
         shorter = replace(p, max_queue_delay_s=self._lo_d)
-        if p.max_queue_delay_s > self._lo_d and not self._emptier(shorter, m, w):
+        if p.max_queue_delay_s > self._lo_d and not self._emptier(shorter, m, w) and not self._limit_binds(p, m, w):
             return shorter
         queued_s, grows = m.mean_wait_s, self._queue_grows(m)
         short_of_capacity = (
@@ -245,6 +245,23 @@ class BreakRules(Planning):
         ):
             return None
         return self._resized(p, 1 if short_of_capacity else -1, m)
+
+    def _limit_binds(self, p: TuningParams, m: Measurement, w: Workload) -> bool:
+        """Do an open loop's batches leave full with more in the server than a batch holds (a queue behind full batches,
+        which leave without waiting out the delay), where the fit says a doubled limit serves GAIN more items/s
+        (`_doubling_pays`)? A dropped delay adds no capacity there, and the queue grows while it is measured: the
+        backoff doubles the limit at once, the delay kept. Live (run BD1, textcls, Poisson at 95% of 32 / 1 ms's
+        capacity, one core), breaks at the demo's 16 / 2 ms with batches of 13.5-16.0 and 49-95 in the server went to 16
+        / 0 ms first; one row reached 32 / 0 ms 6 s later (p99 74 ms), the other was declared infeasible at 16 / 0 ms
+        with 155 in the server (147 ms), where static 32 / 1 ms held 28-40 ms in all three rows. Not at a limit itself
+        raised at a break (`_mark_raised`), whose queue it inherited: there the delay goes first, as before. Without
+        that guard (run BD2), textcls went 16 / 2 -> 32 / 2 -> 64 / 2 ms within a second in two rows (120-166 ms)."""
+        if w.closed or m.full_share < FULL_SHARE or m.peak_in_server <= p.max_batch_size:
+            return False
+        if self._lifted is not None and self._lifted[0] == self._incumbent:
+            return False
+        served = self._served_fit(m)
+        return served is not None and self._doubling_pays(p, served)
 
     def _served_fit(self, m: Measurement) -> LatencyFit | None:
         """d(n) as the core serves it (`_open_fit`), None before a fit over several sizes (where a doubled limit's
