@@ -2607,6 +2607,25 @@ def test_a_trial_judged_while_the_load_moved_stays_without_a_verdict() -> None:
     assert tuner.params == trial and tuner._incumbent == trial and tuner._inc_meas is risen
     assert not tuner._rejected and not tuner._probed and tuner._planned is None  # a new search from the trial
 
+    # A plan made for the closed loop whose trial then met an open one is given back, unjudged (run BE's second soak: a
+    # warm-up's 8 clients, then Poisson arrivals at 405.6/s, under the warm-up's 8 / 7 ms for the whole soak).
+    arrivals = Measurement(
+        params=trial, duration_s=1.5, completed=590, items_per_s=393.9, arrival_rate=395.8, company_share=0.9,
+        mean_s=0.02, mean_se=0.001, mean_wait_s=0.008, p99_s=0.033, utilization=0.75, largest_batch=8, mean_batch=3.3,
+        full_share=0.05, peak_in_server=15, low_in_server=0, lag_ratio=1.1,
+    )  # fmt: skip
+    assert not read_workload(arrivals).closed
+    planned = Autotuner(spec(50), here, cores=1)
+    planned._inc_meas, planned._params, planned._planned = inc, trial, trial
+    assert planned._load_changed(arrivals, inc)
+    back = planned._judged_elsewhere(arrivals, inc, 2.0)
+    assert back.params == here and back.reason == "revert" and back.changed and back.detail["knob"] == "load-moved"
+    assert planned.params == here and planned._incumbent == here and planned._inc_meas is None
+    assert not planned._rejected and planned._planned is None
+    probed = Autotuner(spec(50), here, cores=1)  # (a probe, no plan: kept as before)
+    probed._inc_meas, probed._params = inc, trial
+    assert probed._judged_elsewhere(arrivals, inc, 2.0).reason == "trial-kept" and probed.params == trial
+
     same = closed_reading(trial, rate=1400.0, mean_s=0.006, p99_s=0.009, utilization=1.0, peak_in_server=8)
     assert not Autotuner._load_changed(replace(same, mean_batch=8.0), inc)  # fewer items/s at 8 clients: a loss
     one = closed_reading(here, rate=250.0, mean_s=0.004, p99_s=0.005, utilization=0.5, peak_in_server=1)
