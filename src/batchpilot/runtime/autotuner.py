@@ -363,9 +363,8 @@ class Autotuner(Search):
         and the soak read p99 96.8 ms where 16 / 2 ms static read 51.1 beside it."""
         detail = {**self._figures(m), "knob": "load-moved", **incumbent_figures(was)}
         if self._params == self._planned and read_workload(was).closed and not read_workload(m).closed:
-            self._planned, self._inc_meas = None, None
-            self._lifted = self._given_up = None
-            self._reopen()
+            self._inc_meas = None
+            self._forget_load()
             back = self._move(self._incumbent, "revert", now, detail)
             assert back is not None  # (the trial is in force, not the incumbent)
             return back

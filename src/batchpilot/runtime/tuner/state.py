@@ -166,10 +166,16 @@ class TunerState:
     def _start_over(self, now: float, settle: float | None = None) -> None:
         """Another load: the setting in force becomes the incumbent without a verdict (a trial's comparison says nothing
         about either), and the search starts over from a new epoch."""
-        self._incumbent, self._planned = self._params, None
+        self._incumbent = self._params
+        self._forget_load()
+        self._new_epoch(now, settle=settle)
+
+    def _forget_load(self) -> None:
+        """Drop what the search held for the load it left: its plan, a limit raised at a break and the limit given up
+        after one, and the search's own state (`_reopen`)."""
+        self._planned = None
         self._lifted = self._given_up = None
         self._reopen()
-        self._new_epoch(now, settle=settle)
 
     def _reopen(self) -> None:
         self._rejected.clear()
