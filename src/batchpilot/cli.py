@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from batchpilot.runtime.heap import cap_kernel_cache
+    from batchpilot.runtime.heap import cap_kernel_cache, keep_freed_blocks
 
     try:
         kernels = cap_kernel_cache(args.kernel_cache)  # before torch builds a kernel
@@ -17,6 +17,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"batchpilot serve: {exc}", file=sys.stderr)
         return 2
     logging.getLogger("batchpilot.server").info("oneDNN keeps at most %d built kernels", kernels)
+    logging.getLogger("batchpilot.server").info("freed heap blocks kept between trims: %s", keep_freed_blocks())
 
     from batchpilot.runtime.protocol.limits import ConnectionLimits
     from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads
