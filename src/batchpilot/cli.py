@@ -16,8 +16,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"batchpilot serve: {exc}", file=sys.stderr)
         return 2
-    logging.getLogger("batchpilot.server").info("oneDNN keeps at most %d built kernels", kernels)
-    logging.getLogger("batchpilot.server").info("freed heap blocks kept between trims: %s", keep_freed_blocks())
+    log = logging.getLogger("batchpilot.server")
+    log.info("oneDNN keeps at most %d built kernels", kernels)
+    log.info("freed heap blocks kept between trims: %s", keep_freed_blocks())
 
     from batchpilot.runtime.protocol.limits import ConnectionLimits
     from batchpilot.runtime.server import BatchPilotServer, ServerOptions, default_torch_threads

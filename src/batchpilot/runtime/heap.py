@@ -32,14 +32,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes a C int: the largest there is
-# A user's own choice of these, which `keep_freed_blocks` leaves in force.
-MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
-MALLOC_TUNABLES = (
-    "glibc.malloc.trim_threshold",
-    "glibc.malloc.mmap_threshold",
-    "glibc.malloc.top_pad",
-    "glibc.malloc.mmap_max",
-)
+# glibc's settings that fix these (any one stops it adapting the thresholds): a user's own choice of one, as
+# `MALLOC_<NAME>_` or `GLIBC_TUNABLES=glibc.malloc.<name>=...`, is left in force by `keep_freed_blocks`.
+MALLOC_SETTINGS = ("trim_threshold", "mmap_threshold", "top_pad", "mmap_max")
 
 
 def resident_bytes() -> int:
@@ -86,7 +81,7 @@ def keep_freed_blocks(environ: Mapping[str, str] = os.environ) -> str:
     3-5 faults an item); with the thresholds set, 0.1 faults an item and 937-1,075 req/s. Either threshold alone
     made it worse (160 and 268 faults an item). RSS stays bounded by the periodic trim."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if any(k in environ for k in MALLOC_ENV) or any(t in tunables for t in MALLOC_TUNABLES):
+    if any(f"MALLOC_{k.upper()}_" in environ or f"glibc.malloc.{k}" in tunables for k in MALLOC_SETTINGS):
         log.info("glibc's malloc thresholds are the environment's: left as they are")
         return "user"
     libc = _libc()
